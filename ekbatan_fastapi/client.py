@@ -1,0 +1,220 @@
+"""The scheduler client: schedule, reschedule, cancel and read task instances."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .codec import decode_data, encode_data
+from .errors import ConfigurationError, TaskNotFoundError, TaskPickedError, UnknownJobError
+from .job import RECURRING_INSTANCE, DistributedJob, OneTimeJob, _Job
+from .repository.base import TaskRepository
+from .repository.model import NewTask, TaskRow
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+__all__ = ["MAX_NAME_LENGTH", "ScheduledTask", "SchedulerClient", "validate_name"]
+
+MAX_NAME_LENGTH = 100
+_UNSET: Any = object()
+
+
+def validate_name(value: object, what: str) -> str:
+    """Task names and instance ids: non-empty strings of at most 100 characters."""
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{what} must be a string, got {type(value).__name__}: {value!r}")
+    if not value.strip() or len(value) > MAX_NAME_LENGTH or "\x00" in value:
+        shown = value if len(value) <= 120 else value[:117] + "..."
+        raise ConfigurationError(
+            f"{what} {shown!r} is invalid: use 1 to {MAX_NAME_LENGTH} characters (no NUL), "
+            f"not blank (got {len(value)} characters)"
+        )
+    return value
+
+
+def _aware(at: datetime | None, what: str) -> datetime | None:
+    if at is None:
+        return None
+    if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
+        raise ConfigurationError(
+            f"{what} must be a timezone-aware datetime, got {at!r}; "
+            "use e.g. datetime.now(UTC) + timedelta(minutes=5)"
+        )
+    return at
+
+
+@dataclass(frozen=True)
+class ScheduledTask:
+    """A row of ``scheduled_tasks`` as the client shows it."""
+
+    task_name: str
+    task_instance: str
+    execution_time: datetime
+    picked: bool
+    picked_by: str | None
+    last_success: datetime | None
+    last_failure: datetime | None
+    consecutive_failures: int
+    last_heartbeat: datetime | None
+    version: int
+    priority: int
+    task_data: bytes | None
+
+    @classmethod
+    def from_row(cls, row: TaskRow) -> ScheduledTask:
+        return cls(
+            task_name=row.task_name,
+            task_instance=row.task_instance,
+            execution_time=row.execution_time,
+            picked=row.picked,
+            picked_by=row.picked_by,
+            last_success=row.last_success,
+            last_failure=row.last_failure,
+            consecutive_failures=row.consecutive_failures or 0,
+            last_heartbeat=row.last_heartbeat,
+            version=row.version,
+            priority=row.priority or 0,
+            task_data=row.task_data,
+        )
+
+    @property
+    def data(self) -> Any:
+        """The decoded ``task_data`` (raises TaskDataError when it is not our JSON)."""
+        return decode_data(self.task_data, where=f"{self.task_name}/{self.task_instance}")
+
+
+class SchedulerClient:
+    """Schedules one-time task instances and reads or changes rows of the table."""
+
+    def __init__(
+        self,
+        repository: TaskRepository,
+        jobs: Mapping[str, _Job],
+        scheduler: Scheduler | None = None,
+    ) -> None:
+        self._repo = repository
+        self._jobs = jobs
+        self._scheduler = scheduler
+
+    def _one_time_job(self, job_name: str) -> OneTimeJob:
+        validate_name(job_name, "job name")
+        job = self._jobs.get(job_name)
+        if isinstance(job, OneTimeJob):
+            return job
+        known = sorted(n for n, j in self._jobs.items() if isinstance(j, OneTimeJob))
+        if isinstance(job, DistributedJob):
+            raise UnknownJobError(
+                f"{job_name!r} is a recurring job: its single row is managed by the scheduler; "
+                "use run_now() to run it early"
+            )
+        raise UnknownJobError(
+            f"no one-time job named {job_name!r} is registered; registered one-time jobs: "
+            f"{', '.join(known) or '(none)'}"
+        )
+
+    def _woken(self, at: datetime | None) -> None:
+        if self._scheduler is None:
+            return
+        if at is None:
+            self._scheduler.request_poll()
+        else:
+            self._scheduler.note_due(at)
+
+    async def schedule(
+        self,
+        job_name: str,
+        instance_id: str,
+        at: datetime | None = None,
+        data: Any = None,
+        *,
+        replace: bool = False,
+        priority: int | None = None,
+    ) -> bool:
+        """Schedule instance ``instance_id`` of one-time job ``job_name`` at ``at`` (None: now).
+
+        An existing instance is left alone (returns False) unless ``replace`` is true, which
+        moves it and replaces its data; a running instance cannot be replaced.
+        """
+        job = self._one_time_job(job_name)
+        validate_name(instance_id, "instance id")
+        at = _aware(at, "at")
+        where = f"{job_name}/{instance_id}"
+        task = NewTask(
+            job_name,
+            instance_id,
+            at,
+            encode_data(data, where=where),
+            job.priority() if priority is None else priority,
+        )
+        written = await self._repo.upsert(task, replace=replace)
+        if not written and replace:
+            raise TaskPickedError(f"{where} is running right now; it cannot be replaced")
+        if written:
+            self._woken(at)
+        return written
+
+    async def reschedule(
+        self,
+        job_name: str,
+        instance_id: str,
+        at: datetime | None = None,
+        data: Any = _UNSET,
+    ) -> None:
+        """Move an instance (recurring: ``instance_id='recurring'``) to ``at`` (None: now)."""
+        validate_name(job_name, "job name")
+        validate_name(instance_id, "instance id")
+        at = _aware(at, "at")
+        where = f"{job_name}/{instance_id}"
+        replace_data = data is not _UNSET
+        ok = await self._repo.reschedule(
+            job_name,
+            instance_id,
+            at,
+            task_data=encode_data(data, where=where) if replace_data else None,
+            replace_data=replace_data,
+        )
+        if not ok:
+            await self._explain_failure(job_name, instance_id, "rescheduled")
+        self._woken(at)
+
+    async def run_now(self, job_name: str, instance_id: str = RECURRING_INSTANCE) -> None:
+        """Make an instance due now (database clock), keeping its failure counters."""
+        await self.reschedule(job_name, instance_id, None)
+
+    async def cancel(self, job_name: str, instance_id: str) -> None:
+        """Delete an instance that is not running."""
+        validate_name(job_name, "job name")
+        validate_name(instance_id, "instance id")
+        if not await self._repo.delete_unpicked(job_name, instance_id):
+            await self._explain_failure(job_name, instance_id, "cancelled")
+
+    async def _explain_failure(self, job_name: str, instance_id: str, verb: str) -> None:
+        row = await self._repo.get(job_name, instance_id)
+        where = f"{job_name}/{instance_id}"
+        if row is None:
+            raise TaskNotFoundError(f"no task instance {where} is scheduled")
+        if row.picked:
+            raise TaskPickedError(
+                f"{where} is running right now on {row.picked_by}; it cannot be {verb} until "
+                "it finishes"
+            )
+        raise TaskPickedError(f"{where} changed concurrently and was not {verb}; try again")
+
+    async def get(self, job_name: str, instance_id: str) -> ScheduledTask | None:
+        row = await self._repo.get(job_name, instance_id)
+        return ScheduledTask.from_row(row) if row else None
+
+    async def list(
+        self,
+        job_name: str | None = None,
+        *,
+        picked: bool | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[ScheduledTask]:
+        """Instances ordered by execution time; filter by job name and picked state."""
+        rows = await self._repo.list(job_name, picked=picked, limit=limit, offset=offset)
+        return [ScheduledTask.from_row(r) for r in rows]

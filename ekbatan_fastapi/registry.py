@@ -1,0 +1,255 @@
+"""``JobRegistry``: the builder facade over one scheduler (the seed's "Wiring without DI")."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .client import MAX_NAME_LENGTH, SchedulerClient
+from .clock import Clock
+from .config import SchedulerConfig
+from .connection import ConnectionProvider, repository_class, resolve_connection
+from .errors import ConfigurationError
+from .job import DistributedJob, OneTimeJob, _Job
+from .repository.base import TaskRepository
+from .scheduler import Scheduler
+from .schedules import Schedule
+from .schema import DEFAULT_TABLE_NAME, validate_table_name
+from .status import SchedulerStatus
+
+__all__ = ["JobRegistry", "JobRegistryBuilder", "SchedulerBuilder", "job_registry"]
+
+log = logging.getLogger(__name__)
+
+ConnectionSource = str | URL | AsyncEngine | ConnectionProvider
+
+
+class SchedulerBuilder:
+    """Every scheduler setting; ``customize_scheduler`` receives one and may change anything."""
+
+    def __init__(self) -> None:
+        self.config = SchedulerConfig()
+        self._dialect: str | type[TaskRepository] | None = None
+        self._table_name = DEFAULT_TABLE_NAME
+
+    def polling_interval(self, value: timedelta) -> SchedulerBuilder:
+        self.config.polling_interval = value
+        return self
+
+    def heartbeat_interval(self, value: timedelta) -> SchedulerBuilder:
+        self.config.heartbeat_interval = value
+        return self
+
+    def shutdown_max_wait(self, value: timedelta) -> SchedulerBuilder:
+        self.config.shutdown_max_wait = value
+        return self
+
+    def missed_heartbeats_limit(self, value: int) -> SchedulerBuilder:
+        self.config.missed_heartbeats_limit = value
+        return self
+
+    def delete_unresolved_after(self, value: timedelta) -> SchedulerBuilder:
+        self.config.delete_unresolved_after = value
+        return self
+
+    def polling_strategy(self, value: str) -> SchedulerBuilder:
+        """``"lock-and-fetch"`` (FOR UPDATE SKIP LOCKED) or ``"fetch"`` (optimistic)."""
+        self.config.polling_strategy = value
+        return self
+
+    def batch_size(self, value: int) -> SchedulerBuilder:
+        self.config.batch_size = value
+        return self
+
+    def scheduler_name(self, value: str) -> SchedulerBuilder:
+        self.config.scheduler_name = value
+        return self
+
+    def clock(self, value: Clock) -> SchedulerBuilder:
+        self.config.clock = value
+        return self
+
+    def dialect(self, value: str | type[TaskRepository]) -> SchedulerBuilder:
+        """Override the dialect read from the URL (e.g. ``"mysql5"`` for MySQL before 8)."""
+        self._dialect = value
+        return self
+
+    def table_name(self, value: str) -> SchedulerBuilder:
+        self._table_name = value
+        return self
+
+
+class JobRegistryBuilder:
+    """Collects the jobs and settings; ``build()`` validates them and opens no connection."""
+
+    def __init__(self) -> None:
+        self._connection: ConnectionSource | None = None
+        self._jobs: list[_Job] = []
+        self._scheduler = SchedulerBuilder()
+        self._customizers: list[Callable[[SchedulerBuilder], Any]] = []
+
+    def connection_provider(self, value: ConnectionSource) -> JobRegistryBuilder:
+        """A database URL (a dedicated pool of 5 is built), an AsyncEngine or a provider."""
+        self._connection = value
+        return self
+
+    def with_job(self, job: _Job) -> JobRegistryBuilder:
+        self._jobs.append(job)
+        return self
+
+    def with_jobs(self, jobs: Iterable[_Job]) -> JobRegistryBuilder:
+        self._jobs.extend(jobs)
+        return self
+
+    def poll_interval(self, value: timedelta) -> JobRegistryBuilder:
+        self._scheduler.polling_interval(value)
+        return self
+
+    polling_interval = poll_interval
+
+    def heartbeat_interval(self, value: timedelta) -> JobRegistryBuilder:
+        self._scheduler.heartbeat_interval(value)
+        return self
+
+    def shutdown_max_wait(self, value: timedelta) -> JobRegistryBuilder:
+        self._scheduler.shutdown_max_wait(value)
+        return self
+
+    def customize_scheduler(self, fn: Callable[[SchedulerBuilder], Any]) -> JobRegistryBuilder:
+        """Runs last in ``build()``; may override any setting, including the ones above."""
+        self._customizers.append(fn)
+        return self
+
+    def build(self) -> JobRegistry:
+        for fn in self._customizers:
+            fn(self._scheduler)
+        config = self._scheduler.config
+        for name in ("polling_interval", "heartbeat_interval", "shutdown_max_wait"):
+            value = getattr(config, name)
+            if not isinstance(value, timedelta):
+                raise ConfigurationError(
+                    f"{name} must be a datetime.timedelta, got {type(value).__name__} {value!r}; "
+                    "e.g. timedelta(seconds=10)"
+                )
+        config.validate()
+        jobs = _validate_jobs(self._jobs)
+        if self._connection is None:
+            raise ConfigurationError(
+                "no database configured: call .connection_provider('postgresql+asyncpg://...') "
+                "with a URL, an AsyncEngine or a ConnectionProvider"
+            )
+        provider = resolve_connection(self._connection)
+        table_name = validate_table_name(self._scheduler._table_name)
+        dialect = self._scheduler._dialect
+        if isinstance(dialect, type):
+            if not issubclass(dialect, TaskRepository):
+                raise ConfigurationError(
+                    f"dialect must be a name or a TaskRepository subclass, got {dialect!r}"
+                )
+            repo_cls = dialect
+        else:
+            repo_cls = repository_class(dialect or provider.dialect)
+        repository = repo_cls(provider.engine, table_name)
+        return JobRegistry(provider, repository, jobs, config)
+
+
+def _validate_jobs(jobs: list[_Job]) -> list[_Job]:
+    seen: dict[str, _Job] = {}
+    for job in jobs:
+        if isinstance(job, type):
+            raise ConfigurationError(
+                f"with_job takes a job instance, got the class {job.__name__}; "
+                f"write with_job({job.__name__}(...))"
+            )
+        if not isinstance(job, DistributedJob | OneTimeJob):
+            raise ConfigurationError(
+                f"{job!r} is not a DistributedJob or OneTimeJob; subclass one of them"
+            )
+        name = job.name()
+        kind = type(job).__name__
+        if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_LENGTH:
+            raise ConfigurationError(
+                f"{kind}.name() must return 1 to {MAX_NAME_LENGTH} characters, got {name!r}"
+            )
+        if name in seen:
+            raise ConfigurationError(
+                f"two jobs are named {name!r} ({type(seen[name]).__name__} and {kind}); "
+                "job names are cluster-wide unique task names"
+            )
+        if isinstance(job, DistributedJob) and not isinstance(job.schedule(), Schedule):
+            raise ConfigurationError(
+                f"{kind}.schedule() must return a Schedule (see Schedules), got "
+                f"{job.schedule()!r}"
+            )
+        seen[name] = job
+    return list(seen.values())
+
+
+def job_registry() -> JobRegistryBuilder:
+    """Start building a JobRegistry."""
+    return JobRegistryBuilder()
+
+
+class JobRegistry:
+    """The running unit: one scheduler over one jobs pool, started and stopped as one."""
+
+    def __init__(
+        self,
+        provider: ConnectionProvider,
+        repository: TaskRepository,
+        jobs: list[_Job],
+        config: SchedulerConfig,
+    ) -> None:
+        self.connection = provider
+        self.repository = repository
+        self.config = config
+        self.jobs = {job.name(): job for job in jobs}
+        self.scheduler = Scheduler(repository, jobs, config)
+        self.client = SchedulerClient(repository, self.jobs, self.scheduler)
+        self._started = False
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self.connection.engine
+
+    async def start(self) -> None:
+        """Start scheduling in the background; returns without waiting for the database."""
+        if self._started:
+            return
+        self._started = True
+        await self.scheduler.start()
+
+    async def stop(self) -> None:
+        """Stop in two phases (see ``shutdown_max_wait``), then close the pool if ours."""
+        if not self._started:
+            return
+        self._started = False
+        try:
+            await self.scheduler.stop()
+        finally:
+            await self.connection.dispose()
+
+    async def wait_until_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the scheduler has reached the database and created its rows."""
+        return await self.scheduler.wait_until_ready(timeout)
+
+    def status(self) -> SchedulerStatus:
+        return self.scheduler.status()
+
+    async def __aenter__(self) -> JobRegistry:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

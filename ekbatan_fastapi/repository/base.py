@@ -1,0 +1,252 @@
+"""The task repository: the only code that writes SQL.
+
+The lease protocol, which every dialect implements:
+
+* A row is *owned* by the instance whose claim set ``picked=true`` and bumped ``version``;
+  the owner remembers that version (``Owned``).
+* Every write by the owner (heartbeat, finish) is guarded by ``version = <ours>``. Zero rows
+  updated means the row was revived or changed elsewhere: the owner has lost it and must not
+  record anything.
+* Every "is it due / is it dead" comparison uses the database clock (``now()`` in SQL).
+* Reviving a dead execution bumps ``version`` and keeps ``execution_time`` (the slot keeps
+  its identity), so the stale owner's later writes match zero rows.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Row, delete, func, select, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql import ColumnElement, Executable
+
+from ..errors import SchemaMissingError
+from ..schema import scheduled_tasks_table
+from .model import Finish, NewTask, Owned, PollResult, TaskKey, TaskRow
+
+__all__ = ["PollingStrategy", "TaskRepository"]
+
+
+class PollingStrategy:
+    """How due rows are claimed."""
+
+    FETCH = "fetch"
+    """Select due rows, then claim them with a version-guarded update (db-scheduler's default)."""
+    LOCK_AND_FETCH = "lock-and-fetch"
+    """Claim in one statement with ``FOR UPDATE SKIP LOCKED``."""
+
+    ALL = (FETCH, LOCK_AND_FETCH)
+
+
+class TaskRepository(abc.ABC):
+    """Reads and writes ``scheduled_tasks``; one subclass per dialect for what differs."""
+
+    dialect_name: str = "generic"
+    supports_skip_locked: bool = False
+
+    def __init__(self, engine: AsyncEngine, table_name: str) -> None:
+        self.table_name = table_name
+        self.table = scheduled_tasks_table(table_name)
+        # Each statement commits by itself: one round trip, no BEGIN/COMMIT.
+        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    # -- helpers -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def is_missing_table(self, error: DBAPIError) -> bool:
+        """True when the database says the table does not exist."""
+
+    def missing_table_error(self) -> SchemaMissingError:
+        return SchemaMissingError(
+            f"table {self.table_name!r} does not exist in the jobs database: apply "
+            f"migrations/{self.dialect_name}/V0001__create_scheduled_tasks.sql, "
+            "or call `await ekbatan_fastapi.create_schema(engine)` once at deployment"
+        )
+
+    async def _rows(self, stmt: Executable, params: Any = None) -> Sequence[Row[Any]]:
+        try:
+            async with self.engine.connect() as conn:
+                result = await conn.execute(stmt, params)
+                return result.fetchall() if result.returns_rows else []
+        except DBAPIError as error:
+            if self.is_missing_table(error):
+                raise self.missing_table_error() from error
+            raise
+
+    async def _rowcount(self, stmt: Executable, params: Any = None) -> int:
+        try:
+            async with self.engine.connect() as conn:
+                result = await conn.execute(stmt, params)
+                return int(result.rowcount)
+        except DBAPIError as error:
+            if self.is_missing_table(error):
+                raise self.missing_table_error() from error
+            raise
+
+    @staticmethod
+    def aware(value: datetime | None) -> datetime | None:
+        """Timestamps come back aware from PostgreSQL; naive ones are UTC by our contract."""
+        if value is None or value.tzinfo is not None:
+            return value
+        return value.replace(tzinfo=UTC)
+
+    def to_row(self, row: Row[Any] | Any) -> TaskRow:
+        m = row._mapping
+        execution_time = self.aware(m["execution_time"])
+        assert execution_time is not None
+        return TaskRow(
+            task_name=m["task_name"],
+            task_instance=m["task_instance"],
+            task_data=bytes(m["task_data"]) if m["task_data"] is not None else None,
+            execution_time=execution_time,
+            picked=bool(m["picked"]),
+            picked_by=m["picked_by"],
+            last_success=self.aware(m["last_success"]),
+            last_failure=self.aware(m["last_failure"]),
+            consecutive_failures=m["consecutive_failures"],
+            last_heartbeat=self.aware(m["last_heartbeat"]),
+            version=int(m["version"]),
+            priority=m["priority"],
+        )
+
+    # -- shared, portable statements ----------------------------------------------------
+
+    def now_expr(self) -> ColumnElement[datetime]:
+        """The database's current time in UTC, as SQL."""
+        return func.now()
+
+    async def db_now(self) -> datetime:
+        """The database's clock; the statement also proves that the table exists."""
+        probe = select(self.table.c.version).limit(1).scalar_subquery()
+        rows = await self._rows(select(self.now_expr(), probe))
+        value = self.aware(rows[0][0])
+        assert value is not None
+        return value
+
+    async def get(self, task_name: str, task_instance: str) -> TaskRow | None:
+        t = self.table
+        stmt = select(t).where(t.c.task_name == task_name, t.c.task_instance == task_instance)
+        rows = await self._rows(stmt)
+        return self.to_row(rows[0]) if rows else None
+
+    async def list(
+        self,
+        task_name: str | None = None,
+        *,
+        picked: bool | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[TaskRow]:
+        """Rows ordered by execution time (``LIMIT``/``OFFSET``, portable everywhere)."""
+        t = self.table
+        stmt = select(t).order_by(t.c.execution_time, t.c.task_name, t.c.task_instance)
+        if task_name is not None:
+            stmt = stmt.where(t.c.task_name == task_name)
+        if picked is not None:
+            stmt = stmt.where(t.c.picked == picked)
+        stmt = stmt.limit(limit).offset(offset)
+        return [self.to_row(r) for r in await self._rows(stmt)]
+
+    async def reschedule(
+        self,
+        task_name: str,
+        task_instance: str,
+        execution_time: datetime | None,
+        *,
+        task_data: bytes | None = None,
+        replace_data: bool = False,
+        expected_version: int | None = None,
+    ) -> bool:
+        """Move an unpicked row to ``execution_time`` (None: the database's now).
+
+        Counters are kept. False when the row is absent, picked, or (with
+        ``expected_version``) changed since it was read: nothing was written.
+        """
+        t = self.table
+        values: dict[str, Any] = {
+            "execution_time": execution_time if execution_time is not None else self.now_expr(),
+            "version": t.c.version + 1,
+        }
+        if replace_data:
+            values["task_data"] = task_data
+        stmt = (
+            update(t)
+            .where(
+                t.c.task_name == task_name,
+                t.c.task_instance == task_instance,
+                t.c.picked.is_(False),
+            )
+            .values(values)
+        )
+        if expected_version is not None:
+            stmt = stmt.where(t.c.version == expected_version)
+        return await self._rowcount(stmt) == 1
+
+    async def delete_unpicked(self, task_name: str, task_instance: str) -> bool:
+        """Delete a row unless it is running. False when absent or picked."""
+        t = self.table
+        stmt = delete(t).where(
+            t.c.task_name == task_name,
+            t.c.task_instance == task_instance,
+            t.c.picked.is_(False),
+        )
+        return await self._rowcount(stmt) == 1
+
+    async def recurring_rows(self, names: Sequence[str], instance: str) -> list[TaskRow]:
+        t = self.table
+        stmt = select(t).where(t.c.task_instance == instance, t.c.task_name.in_(list(names)))
+        return [self.to_row(r) for r in await self._rows(stmt)]
+
+    async def delete_unresolved(self, known_names: Sequence[str], older_than: timedelta) -> int:
+        """Delete unpicked rows of task names this instance does not know, overdue by more
+        than ``older_than`` (measured on the database clock from ``execution_time``)."""
+        t = self.table
+        cutoff = (await self.db_now()) - older_than
+        stmt = delete(t).where(
+            t.c.task_name.not_in(list(known_names)),
+            t.c.picked.is_(False),
+            t.c.execution_time < cutoff,
+        )
+        return await self._rowcount(stmt)
+
+    # -- dialect-specific statements ----------------------------------------------------
+
+    @abc.abstractmethod
+    async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
+        """Insert rows that do not exist yet, race-safely; the keys actually inserted."""
+
+    @abc.abstractmethod
+    async def upsert(self, task: NewTask, *, replace: bool) -> bool:
+        """Insert ``task``; when it exists, replace time/data/priority only if ``replace`` and
+        the row is not picked. True when something was written."""
+
+    @abc.abstractmethod
+    async def poll(
+        self, names: Sequence[str], limit: int, picked_by: str, strategy: str
+    ) -> PollResult:
+        """Claim up to ``limit`` due rows (``picked=false AND execution_time <= now()``,
+        ``priority DESC, execution_time ASC``) of ``names`` for ``picked_by``.
+
+        A claim sets ``picked=true, picked_by, last_heartbeat=now(), version=version+1`` and is
+        exclusive: a row is claimed by at most one caller. Also returns the database's now and
+        the earliest future ``execution_time`` of an unpicked row of ``names``.
+        """
+
+    @abc.abstractmethod
+    async def finish(self, items: Sequence[Finish]) -> set[TaskKey]:
+        """Record results; each write guarded by the owned version. Returns the keys recorded;
+        a key missing from the answer was lost to a revival and nothing was written for it."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
+        """Set ``last_heartbeat=now()`` on owned rows (version-guarded); the keys updated."""
+
+    @abc.abstractmethod
+    async def revive_dead(self, names: Sequence[str], dead_after: timedelta) -> list[TaskRow]:
+        """Unpick rows of ``names`` whose heartbeat is older than ``dead_after`` (or missing),
+        bumping ``version`` and keeping ``execution_time``. Returns the rows as they were
+        before revival (``picked_by`` names the instance presumed dead)."""

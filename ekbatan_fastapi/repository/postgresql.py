@@ -1,0 +1,274 @@
+"""PostgreSQL statements for the hot path: batched, one round trip each, arrays via unnest.
+
+Multi-row statements take their rows as parallel arrays (``unnest``), so the SQL text is the
+same for every batch size and asyncpg prepares it once per connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import TextClause, text
+from sqlalchemy.exc import DBAPIError
+
+from .base import PollingStrategy, TaskRepository
+from .model import Finish, FinishKind, NewTask, Owned, PollResult, TaskKey, TaskRow
+
+__all__ = ["PostgresRepository"]
+
+_COLUMNS = (
+    "task_name, task_instance, task_data, execution_time, picked, picked_by, last_success, "
+    "last_failure, consecutive_failures, last_heartbeat, version, priority"
+)
+_NAMES = "CAST(:names AS text[])"
+_NEXT_DUE = (
+    "(SELECT min(execution_time) FROM {t} WHERE picked = false AND execution_time > now() "
+    f"AND task_name = ANY({_NAMES}))"
+)
+
+_LOCK_AND_FETCH = """
+WITH due AS (
+    SELECT task_name, task_instance FROM {t}
+    WHERE picked = false AND execution_time <= now() AND task_name = ANY(%(names)s)
+    ORDER BY priority DESC, execution_time ASC
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {t} AS t
+    SET picked = true, picked_by = :picked_by, last_heartbeat = now(), version = t.version + 1
+    FROM due
+    WHERE t.task_name = due.task_name AND t.task_instance = due.task_instance
+    RETURNING t.*
+)
+SELECT c.*, x.db_now, x.next_due
+FROM (SELECT now() AS db_now, %(next_due)s AS next_due) AS x
+LEFT JOIN claimed AS c ON true
+"""
+
+_FETCH_CANDIDATES = """
+SELECT c.*, x.db_now, x.next_due
+FROM (SELECT now() AS db_now, %(next_due)s AS next_due) AS x
+LEFT JOIN LATERAL (
+    SELECT task_name, task_instance, version FROM {t}
+    WHERE picked = false AND execution_time <= now() AND task_name = ANY(%(names)s)
+    ORDER BY priority DESC, execution_time ASC
+    LIMIT :limit
+) AS c ON true
+"""
+
+# Optimistic claim of several candidates at once. Locking in key order first keeps two
+# concurrent claimers from deadlocking; the version check is re-evaluated on the locked row.
+_CLAIM = """
+WITH candidates AS (
+    SELECT t.task_name, t.task_instance FROM {t} AS t
+    JOIN unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[]))
+        AS d(task_name, task_instance, version)
+      ON t.task_name = d.task_name AND t.task_instance = d.task_instance
+    WHERE t.version = d.version AND t.picked = false
+    ORDER BY t.task_name, t.task_instance
+    FOR UPDATE OF t
+)
+UPDATE {t} AS t
+SET picked = true, picked_by = :picked_by, last_heartbeat = now(), version = t.version + 1
+FROM candidates
+WHERE t.task_name = candidates.task_name AND t.task_instance = candidates.task_instance
+RETURNING t.*
+"""
+
+_FINISH = """
+WITH d AS (
+    SELECT * FROM unnest(
+        CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[]),
+        CAST(:next_times AS timestamptz[]), CAST(:kinds AS smallint[])
+    ) AS d(task_name, task_instance, version, next_time, kind)
+), deleted AS (
+    DELETE FROM {t} AS t USING d
+    WHERE d.kind = 3 AND t.task_name = d.task_name AND t.task_instance = d.task_instance
+      AND t.version = d.version
+    RETURNING t.task_name, t.task_instance
+), updated AS (
+    UPDATE {t} AS t SET
+        execution_time = COALESCE(d.next_time, t.execution_time),
+        picked = false, picked_by = NULL, last_heartbeat = NULL,
+        last_success = CASE WHEN d.kind = 0 THEN now() ELSE t.last_success END,
+        last_failure = CASE WHEN d.kind = 1 THEN now() ELSE t.last_failure END,
+        consecutive_failures = CASE d.kind
+            WHEN 0 THEN 0
+            WHEN 1 THEN COALESCE(t.consecutive_failures, 0) + 1
+            ELSE t.consecutive_failures END,
+        version = t.version + 1
+    FROM d
+    WHERE d.kind <> 3 AND t.task_name = d.task_name AND t.task_instance = d.task_instance
+      AND t.version = d.version
+    RETURNING t.task_name, t.task_instance
+)
+SELECT task_name, task_instance FROM deleted
+UNION ALL
+SELECT task_name, task_instance FROM updated
+"""
+
+_HEARTBEAT = """
+UPDATE {t} AS t SET last_heartbeat = now()
+FROM unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[]))
+    AS d(task_name, task_instance, version)
+WHERE t.task_name = d.task_name AND t.task_instance = d.task_instance
+  AND t.version = d.version AND t.picked = true
+RETURNING t.task_name, t.task_instance
+"""
+
+_REVIVE_DEAD = """
+WITH dead AS (
+    SELECT task_name, task_instance, picked_by, last_heartbeat FROM {t}
+    WHERE picked = true AND task_name = ANY(CAST(:names AS text[]))
+      AND (last_heartbeat IS NULL OR last_heartbeat < now() - CAST(:dead_after AS interval))
+    ORDER BY task_name, task_instance
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {t} AS t
+SET picked = false, picked_by = NULL, last_heartbeat = NULL, version = t.version + 1
+FROM dead
+WHERE t.task_name = dead.task_name AND t.task_instance = dead.task_instance
+RETURNING t.task_name, t.task_instance, t.task_data, t.execution_time, true AS picked,
+    dead.picked_by, t.last_success, t.last_failure, t.consecutive_failures,
+    dead.last_heartbeat, t.version - 1 AS version, t.priority
+"""
+
+_INSERT_MISSING = """
+INSERT INTO {t} (task_name, task_instance, task_data, execution_time, picked, version, priority)
+SELECT d.task_name, d.task_instance, d.task_data, d.execution_time, false, 1, d.priority
+FROM unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:datas AS bytea[]),
+            CAST(:times AS timestamptz[]), CAST(:priorities AS smallint[]))
+    AS d(task_name, task_instance, task_data, execution_time, priority)
+ON CONFLICT (task_name, task_instance) DO NOTHING
+RETURNING task_name, task_instance
+"""
+
+_UPSERT = """
+INSERT INTO {t} AS t (task_name, task_instance, task_data, execution_time, picked, version,
+                      priority)
+VALUES (:name, :instance, :data, COALESCE(CAST(:time AS timestamptz), now()), false, 1,
+        :priority)
+ON CONFLICT (task_name, task_instance) DO {action}
+RETURNING t.task_name
+"""
+_REPLACE = """UPDATE SET execution_time = EXCLUDED.execution_time, task_data = EXCLUDED.task_data,
+    priority = EXCLUDED.priority, version = t.version + 1 WHERE t.picked = false"""
+
+
+class PostgresRepository(TaskRepository):
+    """PostgreSQL 12+ (asyncpg)."""
+
+    dialect_name = "postgresql"
+    supports_skip_locked = True
+
+    def __init__(self, engine: Any, table_name: str) -> None:
+        super().__init__(engine, table_name)
+        quoted = ".".join(f'"{part}"' for part in table_name.split("."))
+
+        def sql(template: str, **parts: str) -> TextClause:
+            if parts:
+                template = template % parts
+            return text(template.replace("{t}", quoted))
+
+        parts = {"names": _NAMES, "next_due": _NEXT_DUE}
+        self._lock_and_fetch = sql(_LOCK_AND_FETCH, **parts)
+        self._fetch_candidates = sql(_FETCH_CANDIDATES, **parts)
+        self._claim = sql(_CLAIM)
+        self._finish = sql(_FINISH)
+        self._heartbeat = sql(_HEARTBEAT)
+        self._revive_dead = sql(_REVIVE_DEAD)
+        self._insert_missing = sql(_INSERT_MISSING)
+        self._upsert_keep = sql(_UPSERT.replace("{action}", "NOTHING"))
+        self._upsert_replace = sql(_UPSERT.replace("{action}", _REPLACE))
+
+    def is_missing_table(self, error: DBAPIError) -> bool:
+        return getattr(error.orig, "sqlstate", None) == "42P01"
+
+    async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
+        if not tasks:
+            return []
+        rows = await self._rows(
+            self._insert_missing,
+            {
+                "names": [t.task_name for t in tasks],
+                "instances": [t.task_instance for t in tasks],
+                "datas": [t.task_data for t in tasks],
+                "times": [t.execution_time for t in tasks],
+                "priorities": [t.priority for t in tasks],
+            },
+        )
+        return [(r[0], r[1]) for r in rows]
+
+    async def upsert(self, task: NewTask, *, replace: bool) -> bool:
+        """``task.execution_time`` None means the database's now."""
+        stmt = self._upsert_replace if replace else self._upsert_keep
+        rows = await self._rows(
+            stmt,
+            {
+                "name": task.task_name,
+                "instance": task.task_instance,
+                "data": task.task_data,
+                "time": task.execution_time,
+                "priority": task.priority,
+            },
+        )
+        return bool(rows)
+
+    async def poll(
+        self, names: Sequence[str], limit: int, picked_by: str, strategy: str
+    ) -> PollResult:
+        params: dict[str, Any] = {"names": list(names), "limit": limit}
+        if strategy == PollingStrategy.LOCK_AND_FETCH:
+            params["picked_by"] = picked_by
+            rows = await self._rows(self._lock_and_fetch, params)
+            claimed = [self.to_row(r) for r in rows if r._mapping["task_name"] is not None]
+            return PollResult(claimed, rows[0]._mapping["db_now"], rows[0]._mapping["next_due"])
+        rows = await self._rows(self._fetch_candidates, params)
+        db_now: datetime = rows[0]._mapping["db_now"]
+        next_due: datetime | None = rows[0]._mapping["next_due"]
+        candidates = [r for r in rows if r._mapping["task_name"] is not None]
+        if not candidates:
+            return PollResult([], db_now, next_due)
+        claimed_rows = await self._rows(
+            self._claim,
+            {
+                "names": [r[0] for r in candidates],
+                "instances": [r[1] for r in candidates],
+                "versions": [r[2] for r in candidates],
+                "picked_by": picked_by,
+            },
+        )
+        return PollResult([self.to_row(r) for r in claimed_rows], db_now, next_due)
+
+    @staticmethod
+    def _owned_params(owned: Sequence[Owned]) -> dict[str, list[Any]]:
+        return {
+            "names": [o.task_name for o in owned],
+            "instances": [o.task_instance for o in owned],
+            "versions": [o.version for o in owned],
+        }
+
+    async def finish(self, items: Sequence[Finish]) -> set[TaskKey]:
+        if not items:
+            return set()
+        params: dict[str, list[Any]] = self._owned_params([i.owned for i in items])
+        params["next_times"] = [i.next_time for i in items]
+        params["kinds"] = [int(i.kind) for i in items]
+        rows = await self._rows(self._finish, params)
+        return {(r[0], r[1]) for r in rows}
+
+    async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
+        if not owned:
+            return set()
+        rows = await self._rows(self._heartbeat, self._owned_params(owned))
+        return {(r[0], r[1]) for r in rows}
+
+    async def revive_dead(self, names: Sequence[str], dead_after: timedelta) -> list[TaskRow]:
+        rows = await self._rows(self._revive_dead, {"names": list(names), "dead_after": dead_after})
+        return [self.to_row(r) for r in rows]
+
+
+# _FINISH spells FinishKind's values as literals: 0 succeeded, 1 failed, 2 released, 3 deleted.
+assert [k.value for k in FinishKind] == [0, 1, 2, 3]

@@ -1,0 +1,587 @@
+"""The scheduler core: poller, executor, completer and housekeeper on one asyncio loop.
+
+Four supervised background tasks share the state of one ``Scheduler``:
+
+* the **poller** claims due rows in batches and starts one asyncio task per execution;
+  it sleeps until the earliest known due time or the polling interval, whichever is sooner;
+* each **execution** runs the job (a plain ``def`` in a worker thread) and hands its result
+  to the completer;
+* the **completer** records results in batches, each write guarded by the claimed version;
+* the **housekeeper** heartbeats every running execution, revives dead executions and deletes
+  unresolved rows.
+
+A database error never ends a loop: it is logged, shown in ``status()``, and retried with
+backoff. Any other exception in a loop is logged and the loop restarts (supervision).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from .config import SchedulerConfig
+from .errors import ConfigurationError, SchemaMissingError
+from .execution import Execution
+from .job import RECURRING_INSTANCE, DistributedJob, HeartbeatState, _Job
+from .repository.base import PollingStrategy, TaskRepository
+from .repository.model import Finish, NewTask, TaskKey, TaskRow
+from .schedules import Schedule
+from .status import ExecutionStatus, SchedulerStatus
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger(__name__)
+
+_RESCHEDULE_GUARD = timedelta(seconds=10)
+_MAX_FINISH_BATCH = 1000
+_MIN_BACKOFF = 0.05
+
+
+class _Backoff:
+    """Exponential backoff from 50 ms up to ``cap`` seconds."""
+
+    def __init__(self, cap: float) -> None:
+        self.cap = max(cap, _MIN_BACKOFF)
+        self.current = _MIN_BACKOFF
+
+    def next(self) -> float:
+        value = self.current
+        self.current = min(self.cap, self.current * 2)
+        return value
+
+    def reset(self) -> None:
+        self.current = _MIN_BACKOFF
+
+
+class Scheduler:
+    """Runs the registered jobs against one ``scheduled_tasks`` table."""
+
+    def __init__(
+        self, repository: TaskRepository, jobs: Sequence[_Job], config: SchedulerConfig
+    ) -> None:
+        config.validate()
+        self.repository = repository
+        self.config = config
+        self.name = config.scheduler_name
+        self.clock = config.clock
+        self.jobs: dict[str, _Job] = {job.name(): job for job in jobs}
+        self.schedules: dict[str, Schedule] = {
+            name: job.schedule() for name, job in self.jobs.items() if isinstance(job, DistributedJob)
+        }
+        self._active = [
+            name
+            for name, job in self.jobs.items()
+            if not (name in self.schedules and self.schedules[name].is_disabled)
+        ]
+        strategy = config.polling_strategy
+        if strategy is None:
+            strategy = (
+                PollingStrategy.LOCK_AND_FETCH
+                if repository.supports_skip_locked
+                else PollingStrategy.FETCH
+            )
+        if strategy == PollingStrategy.LOCK_AND_FETCH and not repository.supports_skip_locked:
+            raise ConfigurationError(
+                f"polling_strategy 'lock-and-fetch' needs FOR UPDATE SKIP LOCKED, which the "
+                f"{repository.dialect_name} dialect lacks; use 'fetch'"
+            )
+        self.polling_strategy = strategy
+        self.batch_size = config.batch_size or max(50, 3 * len(self.jobs))
+
+        self.running: dict[TaskKey, Execution] = {}
+        self._pending: list[tuple[Finish, asyncio.Future[bool], Execution]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._threads: ThreadPoolExecutor | None = None
+        self._wake = asyncio.Event()
+        self._finish_ready = asyncio.Event()
+        self._poll_requested = False
+        self._planned_due: datetime | None = None
+        self._ready = asyncio.Event()
+        self._stopping = False
+        self._completer_closed = False
+        self._started_at: datetime | None = None
+        self._db_offset = timedelta(0)
+        self._db_reachable: bool | None = None
+        self._last_error: str | None = None
+        self._last_error_logged = -1e9
+        self._last_poll: datetime | None = None
+        self._loop_restarts = 0
+        self._last_unresolved_check = -1e9
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the background tasks and return at once; no database round trip here."""
+        if self._tasks:
+            raise RuntimeError(f"scheduler {self.name} is already started")
+        self._started_at = self.clock.now()
+        log.info(
+            "scheduler %s starting: %d jobs, %s, batch %d, polling every %s, heartbeat %s x %d",
+            self.name,
+            len(self.jobs),
+            self.polling_strategy,
+            self.batch_size,
+            self.config.polling_interval,
+            self.config.heartbeat_interval,
+            self.config.missed_heartbeats_limit,
+            extra={"scheduler": self.name},
+        )
+        for name, loop in (
+            ("poller", self._poll_loop),
+            ("completer", self._complete_loop),
+            ("housekeeper", self._housekeeping_loop),
+        ):
+            self._tasks.append(asyncio.create_task(self._supervise(name, loop)))
+
+    async def wait_until_ready(self, timeout: float | None = None) -> bool:
+        """Wait until startup reached the database and created the recurring rows."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._ready.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Two-phase shutdown: wait, cancel and wait again, then stop heartbeats (last)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.request_poll()
+        poller, completer, housekeeper = self._tasks or (None, None, None)
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+        wait = self.config.shutdown_max_wait.total_seconds()
+        tasks = {e.task for e in self.running.values() if e.task is not None}
+        if tasks:
+            log.info(
+                "scheduler %s stopping: waiting up to 2x %s for %d running executions",
+                self.name,
+                self.config.shutdown_max_wait,
+                len(tasks),
+                extra={"scheduler": self.name},
+            )
+            _, pending = await asyncio.wait(tasks, timeout=wait)
+            if pending:
+                for execution in list(self.running.values()):
+                    if execution.task in pending and execution.job.is_async:
+                        execution.task.cancel()
+                _, pending = await asyncio.wait(pending, timeout=wait)
+            for execution in list(self.running.values()):
+                if execution.task in pending:
+                    log.warning(
+                        "abandoning %s: still running after 2x %s; its row stays picked and "
+                        "is revived as a dead execution",
+                        execution.label,
+                        self.config.shutdown_max_wait,
+                        extra=self._extra(execution.row),
+                    )
+                    self.running.pop(execution.row.key, None)
+        self._completer_closed = True
+        self._finish_ready.set()
+        if completer is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(completer), timeout=max(wait, 1.0))
+            except TimeoutError:
+                completer.cancel()
+        if housekeeper is not None:
+            housekeeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await housekeeper
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        log.info("scheduler %s stopped", self.name, extra={"scheduler": self.name})
+
+    @property
+    def is_shutting_down(self) -> bool:
+        return self._stopping
+
+    # -- time ----------------------------------------------------------------------------
+
+    def db_time(self) -> datetime:
+        """The database's clock, estimated from the local clock and the last observed offset."""
+        return self.clock.now() + self._db_offset
+
+    def _observe_db_time(self, db_now: datetime) -> None:
+        self._db_offset = db_now - self.clock.now()
+        if self._db_reachable is False:
+            log.warning("scheduler %s: database reachable again", self.name)
+        self._db_reachable = True
+
+    def _db_failed(self, error: BaseException, where: str) -> None:
+        self._last_error = f"{where}: {type(error).__name__}: {error}"
+        was_reachable = self._db_reachable
+        self._db_reachable = False
+        now = self.clock.monotonic()
+        if was_reachable is not False or now - self._last_error_logged > 60:
+            self._last_error_logged = now
+            log.error(
+                "scheduler %s: database error during %s (will retry): %s",
+                self.name,
+                where,
+                self._last_error,
+                extra={"scheduler": self.name},
+            )
+
+    # -- wake-ups --------------------------------------------------------------------------
+
+    def request_poll(self) -> None:
+        """Poll now (new due work, capacity freed, a revival, or shutdown)."""
+        self._poll_requested = True
+        self._wake.set()
+
+    def note_due(self, when: datetime) -> None:
+        """Something becomes due at ``when`` (database time): wake up then, if that is sooner."""
+        if self._planned_due is None or when < self._planned_due:
+            self._planned_due = when
+            self._wake.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep until the deadline, an earlier known due time, or a poll request."""
+        loop_time = asyncio.get_running_loop().time
+        deadline = loop_time() + seconds
+        while not self._stopping:
+            if self._planned_due is not None:
+                until_due = (self._planned_due - self.db_time()).total_seconds() + 0.002
+                deadline = min(deadline, loop_time() + max(0.0, until_due))
+            remaining = deadline - loop_time()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._poll_requested:
+                self._poll_requested = False
+                return
+
+    # -- loops -----------------------------------------------------------------------------
+
+    async def _supervise(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+        backoff = _Backoff(self.config.polling_interval.total_seconds())
+        while True:
+            try:
+                await loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._loop_restarts += 1
+                delay = backoff.next()
+                log.exception(
+                    "scheduler %s: the %s loop crashed; restarting it in %.2fs",
+                    self.name,
+                    name,
+                    delay,
+                    extra={"scheduler": self.name},
+                )
+                self._last_error = f"{name} loop crashed (restarted)"
+                await asyncio.sleep(delay)
+
+    async def _bootstrap(self) -> None:
+        backoff = _Backoff(self.config.polling_interval.total_seconds())
+        while not self._stopping:
+            try:
+                await self._create_recurring_rows()
+            except SchemaMissingError as error:
+                self._db_reachable = True
+                self._last_error = str(error)
+                log.error("scheduler %s: %s", self.name, error, extra={"scheduler": self.name})
+            except Exception as error:
+                self._db_failed(error, "startup")
+            else:
+                self._ready.set()
+                return
+            await self._sleep(backoff.next())
+
+    async def _create_recurring_rows(self) -> None:
+        """Insert missing recurring rows, move changed deterministic schedules, drop disabled."""
+        repo = self.repository
+        db_now = await repo.db_now()
+        self._observe_db_time(db_now)
+        enabled = {n: s for n, s in self.schedules.items() if not s.is_disabled}
+        inserted = set(
+            await repo.insert_missing(
+                [
+                    NewTask(
+                        name,
+                        RECURRING_INSTANCE,
+                        schedule.initial_execution_time(db_now),
+                        priority=self.jobs[name].priority(),
+                    )
+                    for name, schedule in enabled.items()
+                ]
+            )
+        )
+        deterministic = [
+            n for n, s in enabled.items() if s.is_deterministic and (n, RECURRING_INSTANCE) not in inserted
+        ]
+        for row in await repo.recurring_rows(deterministic, RECURRING_INSTANCE) if deterministic else []:
+            if row.picked or row.execution_time <= db_now + _RESCHEDULE_GUARD:
+                continue
+            expected = enabled[row.task_name].initial_execution_time(db_now)
+            if expected != row.execution_time and await repo.reschedule(
+                row.task_name, row.task_instance, expected, expected_version=row.version
+            ):
+                log.info(
+                    "schedule of %s changed: moved its next run from %s to %s",
+                    row.task_name,
+                    row.execution_time.isoformat(),
+                    expected.isoformat(),
+                    extra=self._extra(row),
+                )
+        for name, schedule in self.schedules.items():
+            if schedule.is_disabled and await repo.delete_unpicked(name, RECURRING_INSTANCE):
+                log.info("%s is disabled: removed its row", name, extra={"task_name": name})
+
+    async def _poll_loop(self) -> None:
+        if not self._ready.is_set():
+            await self._bootstrap()
+        backoff = _Backoff(self.config.polling_interval.total_seconds())
+        interval = self.config.polling_interval.total_seconds()
+        while not self._stopping:
+            if len(self.running) >= self.batch_size:
+                await self._sleep(interval)  # woken when executions finish
+                continue
+            try:
+                result = await self.repository.poll(
+                    self._active, self.batch_size, self.name, self.polling_strategy
+                )
+            except Exception as error:
+                self._db_failed(error, "poll")
+                await self._sleep(backoff.next())
+                continue
+            backoff.reset()
+            self._observe_db_time(result.db_now)
+            self._last_poll = result.db_now
+            for row in result.claimed:
+                self._launch(row)
+            if len(result.claimed) >= self.batch_size:
+                continue  # more may be due
+            self._planned_due = result.next_due
+            await self._sleep(interval)
+
+    def _launch(self, row: TaskRow) -> None:
+        job = self.jobs.get(row.task_name)
+        if job is None:  # cannot happen: the poll asks only for our names
+            log.error("claimed a row of unknown task %s", row.task_name, extra=self._extra(row))
+            return
+        heartbeat = HeartbeatState(
+            heartbeat_interval=self.config.heartbeat_interval,
+            dead_after=self.config.dead_after,
+            _monotonic=self.clock.monotonic,
+            last_success=self.clock.monotonic(),
+        )
+        execution = Execution(
+            row, job, heartbeat, self.db_time(), schedule=self.schedules.get(row.task_name)
+        )
+        self.running[row.key] = execution
+        execution.task = asyncio.create_task(
+            self._execute(execution), name=f"ekbatan:{execution.label}"
+        )
+
+    async def _execute(self, execution: Execution) -> None:
+        error: BaseException | None = None
+        cancelled = False
+        try:
+            ctx = execution.context(lambda: self._stopping)
+            if execution.job.is_async:
+                await execution.job.execute(ctx)  # type: ignore[misc]
+            else:
+                if self._threads is None:
+                    self._threads = ThreadPoolExecutor(
+                        max_workers=max(32, 2 * self.batch_size), thread_name_prefix="ekbatan-job"
+                    )
+                await asyncio.get_running_loop().run_in_executor(
+                    self._threads, execution.job.execute, ctx
+                )
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+            cancelled = True
+            log.warning(
+                "%s cancelled at shutdown; its slot is released to run again",
+                execution.label,
+                extra=self._extra(execution.row),
+            )
+        except Exception as exc:
+            error = exc
+            log.exception(
+                "%s (slot %s) failed",
+                execution.label,
+                execution.row.execution_time.isoformat(),
+                extra=self._extra(execution.row),
+            )
+        finish = execution.finish(
+            self.db_time(),
+            error=error,
+            cancelled=cancelled,
+            fallback_delay=self.config.polling_interval,
+        )
+        await self._record(execution, finish)
+
+    async def _record(self, execution: Execution, finish: Finish) -> None:
+        if self._completer_closed:
+            log.warning(
+                "%s finished after shutdown; its row stays picked and is revived later",
+                execution.label,
+                extra=self._extra(execution.row),
+            )
+            return
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        execution.recording = True
+        self._pending.append((finish, future, execution))
+        self._finish_ready.set()
+        recorded = await future
+        if not recorded:
+            log.warning(
+                "%s (slot %s) finished, but its row was revived by another instance meanwhile: "
+                "result not recorded",
+                execution.label,
+                execution.row.execution_time.isoformat(),
+                extra=self._extra(execution.row),
+            )
+        elif finish.next_time is not None and finish.owned.task_instance == RECURRING_INSTANCE:
+            self.note_due(finish.next_time)
+
+    async def _complete_loop(self) -> None:
+        backoff = _Backoff(self.config.polling_interval.total_seconds())
+        while True:
+            if not self._pending:
+                if self._completer_closed:
+                    return
+                await self._finish_ready.wait()
+                self._finish_ready.clear()
+                continue
+            batch = self._pending[:_MAX_FINISH_BATCH]
+            try:
+                recorded = await self.repository.finish([finish for finish, _, _ in batch])
+            except Exception as error:
+                self._db_failed(error, "recording results")
+                await asyncio.sleep(backoff.next())
+                continue
+            backoff.reset()
+            del self._pending[: len(batch)]
+            was_full = len(self.running) >= self.batch_size
+            for finish, future, execution in batch:
+                self.running.pop(execution.row.key, None)
+                if not future.done():
+                    future.set_result(finish.owned.key in recorded)
+            if was_full and len(self.running) < self.batch_size:
+                self.request_poll()
+
+    async def _housekeeping_loop(self) -> None:
+        interval = self.config.heartbeat_interval.total_seconds()
+        while True:
+            await asyncio.sleep(interval)
+            await self._heartbeat()
+            if self._stopping or not self._ready.is_set():
+                continue
+            await self._revive_dead()
+            await self._delete_unresolved()
+
+    async def _heartbeat(self) -> None:
+        executions = [e for e in self.running.values()]
+        if not executions:
+            return
+        try:
+            alive = await self.repository.heartbeat([e.owned for e in executions])
+        except Exception as error:
+            self._db_failed(error, "heartbeat")
+            for execution in executions:
+                execution.heartbeat.record_failure()
+            return
+        for execution in executions:
+            if execution.row.key in alive:
+                execution.heartbeat.record_success()
+            elif execution.row.key in self.running and not execution.recording:
+                execution.heartbeat.record_failure()
+                if execution.heartbeat.failed_heartbeats > 1:
+                    continue
+                log.warning(
+                    "heartbeat of %s found the row revived elsewhere (%d failed heartbeats); "
+                    "this execution can no longer record its result",
+                    execution.label,
+                    execution.heartbeat.failed_heartbeats,
+                    extra=self._extra(execution.row),
+                )
+
+    async def _revive_dead(self) -> None:
+        try:
+            revived = await self.repository.revive_dead(self._active, self.config.dead_after)
+        except Exception as error:
+            self._db_failed(error, "dead-execution check")
+            return
+        for row in revived:
+            log.warning(
+                "revived dead execution %s/%s (slot %s, picked by %s, last heartbeat %s)",
+                row.task_name,
+                row.task_instance,
+                row.execution_time.isoformat(),
+                row.picked_by,
+                row.last_heartbeat.isoformat() if row.last_heartbeat else "never",
+                extra=self._extra(row),
+            )
+        if revived:
+            self.request_poll()
+
+    async def _delete_unresolved(self) -> None:
+        now = self.clock.monotonic()
+        period = min(3600.0, self.config.delete_unresolved_after.total_seconds())
+        if now - self._last_unresolved_check < period:
+            return
+        self._last_unresolved_check = now
+        try:
+            deleted = await self.repository.delete_unresolved(
+                list(self.jobs), self.config.delete_unresolved_after
+            )
+        except Exception as error:
+            self._db_failed(error, "unresolved-task cleanup")
+            return
+        if deleted:
+            log.warning(
+                "deleted %d unresolved rows (task names no registered job knows) older than %s",
+                deleted,
+                self.config.delete_unresolved_after,
+                extra={"scheduler": self.name},
+            )
+
+    # -- reporting -------------------------------------------------------------------------
+
+    def _extra(self, row: TaskRow) -> dict[str, Any]:
+        return {"task_name": row.task_name, "task_instance": row.task_instance, "scheduler": self.name}
+
+    def status(self) -> SchedulerStatus:
+        """A snapshot of this instance's state (for ``/jobs`` and logs)."""
+        return SchedulerStatus(
+            name=self.name,
+            started_at=self._started_at,
+            ready=self._ready.is_set(),
+            stopping=self._stopping,
+            database_reachable=self._db_reachable,
+            last_error=self._last_error,
+            last_successful_poll=self._last_poll,
+            polling_strategy=self.polling_strategy,
+            batch_size=self.batch_size,
+            loop_restarts=self._loop_restarts,
+            running=[
+                ExecutionStatus(
+                    task_name=e.row.task_name,
+                    task_instance=e.row.task_instance,
+                    execution_time=e.row.execution_time,
+                    started=e.started,
+                    version=e.row.version,
+                    fraction_dead=e.heartbeat.fraction_dead,
+                    failed_heartbeats=e.heartbeat.failed_heartbeats,
+                )
+                for e in self.running.values()
+            ],
+        )
+

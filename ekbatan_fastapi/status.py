@@ -1,0 +1,39 @@
+"""Snapshots of a scheduler instance's own state, for ``/jobs`` and for logs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+__all__ = ["ExecutionStatus", "SchedulerStatus"]
+
+
+@dataclass(frozen=True)
+class ExecutionStatus:
+    """An execution running on this instance."""
+
+    task_name: str
+    task_instance: str
+    execution_time: datetime
+    started: datetime
+    version: int
+    fraction_dead: float
+    failed_heartbeats: int
+
+
+@dataclass(frozen=True)
+class SchedulerStatus:
+    """This instance: is it up, does it reach the database, what does it run."""
+
+    name: str
+    started_at: datetime | None
+    ready: bool
+    stopping: bool
+    database_reachable: bool | None
+    """None until the first round trip was attempted."""
+    last_error: str | None
+    last_successful_poll: datetime | None
+    polling_strategy: str
+    batch_size: int
+    loop_restarts: int
+    running: list[ExecutionStatus] = field(default_factory=list)

@@ -1,0 +1,133 @@
+"""Shared test helpers: registries with short intervals, recording jobs, condition waits."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from ekbatan_fastapi import (
+    DistributedJob,
+    ExecutionContext,
+    JobRegistry,
+    OneTimeJob,
+    Schedule,
+    SchedulerBuilder,
+    job_registry,
+)
+from ekbatan_fastapi.job import _Job
+
+
+async def wait_until(
+    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, what: str = ""
+) -> None:
+    """Poll a condition every 10 ms; fail with ``what`` after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(0.01)
+
+
+class RecordingJob(DistributedJob):
+    """A recurring job that records each slot it ran, optionally failing or blocking."""
+
+    def __init__(
+        self,
+        name: str,
+        schedule: Schedule,
+        *,
+        fail: bool = False,
+        block: asyncio.Event | None = None,
+    ) -> None:
+        self._name = name
+        self._schedule = schedule
+        self.fail = fail
+        self.block = block
+        self.slots: list[datetime] = []
+        self.contexts: list[ExecutionContext] = []
+        self.started = asyncio.Event()
+
+    def name(self) -> str:
+        return self._name
+
+    def schedule(self) -> Schedule:
+        return self._schedule
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        self.contexts.append(ctx)
+        self.slots.append(ctx.execution_time)
+        self.started.set()
+        if self.block is not None:
+            await self.block.wait()
+        if self.fail:
+            raise RuntimeError(f"{self._name} failed on purpose")
+
+
+class CountingJob(OneTimeJob):
+    """A no-op one-time job counting executions per instance."""
+
+    def __init__(self, name: str = "count") -> None:
+        self._name = name
+        self.runs: collections.Counter[str] = collections.Counter()
+        self.data: dict[str, Any] = {}
+
+    def name(self) -> str:
+        return self._name
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        self.runs[ctx.task_instance] += 1
+        self.data[ctx.task_instance] = ctx.data
+
+
+class RegistryFactory:
+    """Builds registries with test-sized intervals; closes them and checks their pools."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.made: list[JobRegistry] = []
+
+    def build(
+        self,
+        *jobs: _Job,
+        poll: float = 0.2,
+        heartbeat: float = 0.1,
+        shutdown: float = 2.0,
+        customize: Callable[[SchedulerBuilder], Any] | None = None,
+        url: str | None = None,
+    ) -> JobRegistry:
+        builder = (
+            job_registry()
+            .connection_provider(url or self.url)
+            .with_jobs(jobs)
+            .poll_interval(timedelta(seconds=poll))
+            .heartbeat_interval(timedelta(seconds=heartbeat))
+            .shutdown_max_wait(timedelta(seconds=shutdown))
+        )
+        if customize is not None:
+            builder.customize_scheduler(customize)
+        registry = builder.build()
+        self.made.append(registry)
+        return registry
+
+    async def start(self, *jobs: _Job, **options: Any) -> JobRegistry:
+        registry = self.build(*jobs, **options)
+        await registry.start()
+        assert await registry.wait_until_ready(10), registry.status()
+        return registry
+
+    async def close(self) -> None:
+        for registry in self.made:
+            await registry.scheduler.stop()
+            checked_out = registry.engine.pool.checkedout()  # type: ignore[attr-defined]
+            await registry.stop()
+            await registry.connection.dispose()
+            assert checked_out == 0, f"{checked_out} connections left checked out"
