@@ -6,6 +6,7 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from ekbatan_fastapi import (
@@ -131,3 +132,45 @@ class RegistryFactory:
             await registry.stop()
             await registry.connection.dispose()
             assert checked_out == 0, f"{checked_out} connections left checked out"
+
+
+class Worker:
+    """A ``tests.proc_worker`` OS process."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @classmethod
+    async def start(cls, mode: str, url: str, *args: str) -> Worker:
+        import sys
+
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.proc_worker",
+            mode,
+            url,
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=str(Path(__file__).resolve().parent.parent),
+        )
+        worker = cls(process)
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), timeout=30)
+        assert line.strip() == b"READY", f"worker said {line!r}"
+        return worker
+
+    async def stop(self) -> int:
+        """SIGTERM (graceful) and wait; the exit code."""
+        if self.process.returncode is None:
+            self.process.terminate()
+        return await asyncio.wait_for(self.process.wait(), timeout=30)
+
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+        await self.process.wait()

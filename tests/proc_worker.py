@@ -1,0 +1,93 @@
+"""A scheduler process for the multi-process tests: ``python -m tests.proc_worker MODE URL``.
+
+Modes:
+  slots  a 200 ms fixed-rate job that inserts its slot into ``ledger`` (slot is UNIQUE)
+  long   a job that records its start in ``starts`` and then runs until the process dies
+It prints READY once its scheduler reached the database, and stops gracefully on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from datetime import timedelta
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules, job_registry
+
+
+class SlotsJob(DistributedJob):
+    def __init__(self, engine: AsyncEngine, period: float) -> None:
+        self.engine = engine
+        self.period = period
+
+    def name(self) -> str:
+        return "slots"
+
+    def schedule(self) -> Schedule:
+        return Schedules.fixed_rate(timedelta(seconds=self.period))
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO ledger (slot, pid) VALUES (:slot, :pid)"),
+                {"slot": ctx.execution_time, "pid": os.getpid()},
+            )
+
+
+class LongJob(DistributedJob):
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    def name(self) -> str:
+        return "long"
+
+    def schedule(self) -> Schedule:
+        return Schedules.fixed_delay(timedelta(hours=1))
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO starts (slot, pid, started) VALUES (:slot, :pid, now())"),
+                {"slot": ctx.execution_time, "pid": os.getpid()},
+            )
+        await asyncio.sleep(3600)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["slots", "long"])
+    parser.add_argument("url")
+    parser.add_argument("--heartbeat", type=float, default=0.2)
+    parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--period", type=float, default=0.2)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format=f"[{os.getpid()}] %(levelname)s %(message)s")
+    engine = create_async_engine(args.url, pool_size=2)
+    job: DistributedJob = SlotsJob(engine, args.period) if args.mode == "slots" else LongJob(engine)
+    registry = (
+        job_registry()
+        .connection_provider(args.url)
+        .with_job(job)
+        .poll_interval(timedelta(seconds=args.poll))
+        .heartbeat_interval(timedelta(seconds=args.heartbeat))
+        .shutdown_max_wait(timedelta(seconds=1))
+        .customize_scheduler(lambda b: b.missed_heartbeats_limit(4))
+        .build()
+    )
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with registry:
+        await registry.wait_until_ready()
+        print("READY", flush=True)
+        await stop.wait()
+    await engine.dispose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
