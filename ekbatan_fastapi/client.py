@@ -216,5 +216,5 @@ class SchedulerClient:
         offset: int = 0,
     ) -> list[ScheduledTask]:
         """Instances ordered by execution time; filter by job name and picked state."""
-        rows = await self._repo.list(job_name, picked=picked, limit=limit, offset=offset)
+        rows = await self._repo.list_tasks(job_name, picked=picked, limit=limit, offset=offset)
         return [ScheduledTask.from_row(r) for r in rows]

@@ -35,7 +35,7 @@ _SCHEMES: dict[str, tuple[str, str]] = {
 
 _REPOSITORIES: dict[str, type[TaskRepository]] = {"postgresql": PostgresRepository}
 
-SUPPORTED_URLS = ("postgresql+asyncpg://",)
+SUPPORTED_URLS: tuple[str, ...] = ("postgresql+asyncpg://",)
 
 
 def register_dialect(

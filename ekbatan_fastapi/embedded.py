@@ -43,7 +43,9 @@ class EmbeddedPostgres:
         self.server.cleanup()
 
 
-def start_embedded_postgres(data_dir: str | Path, *, delete_on_cleanup: bool = False) -> EmbeddedPostgres:
+def start_embedded_postgres(
+    data_dir: str | Path, *, delete_on_cleanup: bool = False
+) -> EmbeddedPostgres:
     """Start (or join) the embedded PostgreSQL whose data lives in ``data_dir``."""
     try:
         with warnings.catch_warnings():
@@ -60,5 +62,6 @@ def start_embedded_postgres(data_dir: str | Path, *, delete_on_cleanup: bool = F
     os.chmod(path.parent, os.stat(path.parent).st_mode | 0o055)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        server = embedded_postgres.get_server(path, cleanup_mode="delete" if delete_on_cleanup else "stop")
+        get_server = embedded_postgres.get_server  # type: ignore[attr-defined]
+        server = get_server(path, cleanup_mode="delete" if delete_on_cleanup else "stop")
     return EmbeddedPostgres(server, path)

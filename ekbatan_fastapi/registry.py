@@ -184,8 +184,7 @@ def _validate_jobs(jobs: list[_Job]) -> list[_Job]:
             )
         if isinstance(job, DistributedJob) and not isinstance(job.schedule(), Schedule):
             raise ConfigurationError(
-                f"{kind}.schedule() must return a Schedule (see Schedules), got "
-                f"{job.schedule()!r}"
+                f"{kind}.schedule() must return a Schedule (see Schedules), got {job.schedule()!r}"
             )
         seen[name] = job
     return list(seen.values())

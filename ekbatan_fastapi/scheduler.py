@@ -71,7 +71,9 @@ class Scheduler:
         self.clock = config.clock
         self.jobs: dict[str, _Job] = {job.name(): job for job in jobs}
         self.schedules: dict[str, Schedule] = {
-            name: job.schedule() for name, job in self.jobs.items() if isinstance(job, DistributedJob)
+            name: job.schedule()
+            for name, job in self.jobs.items()
+            if isinstance(job, DistributedJob)
         }
         self._active = [
             name
@@ -307,7 +309,7 @@ class Scheduler:
         db_now = await repo.db_now()
         self._observe_db_time(db_now)
         enabled = {n: s for n, s in self.schedules.items() if not s.is_disabled}
-        inserted = set(
+        inserted: set[TaskKey] = set(
             await repo.insert_missing(
                 [
                     NewTask(
@@ -321,9 +323,13 @@ class Scheduler:
             )
         )
         deterministic = [
-            n for n, s in enabled.items() if s.is_deterministic and (n, RECURRING_INSTANCE) not in inserted
+            n
+            for n, s in enabled.items()
+            if s.is_deterministic and (n, RECURRING_INSTANCE) not in inserted
         ]
-        for row in await repo.recurring_rows(deterministic, RECURRING_INSTANCE) if deterministic else []:
+        for row in (
+            await repo.recurring_rows(deterministic, RECURRING_INSTANCE) if deterministic else []
+        ):
             if row.picked or row.execution_time <= db_now + _RESCHEDULE_GUARD:
                 continue
             expected = enabled[row.task_name].initial_execution_time(db_now)
@@ -556,7 +562,11 @@ class Scheduler:
     # -- reporting -------------------------------------------------------------------------
 
     def _extra(self, row: TaskRow) -> dict[str, Any]:
-        return {"task_name": row.task_name, "task_instance": row.task_instance, "scheduler": self.name}
+        return {
+            "task_name": row.task_name,
+            "task_instance": row.task_instance,
+            "scheduler": self.name,
+        }
 
     def status(self) -> SchedulerStatus:
         """A snapshot of this instance's state (for ``/jobs`` and logs)."""
@@ -584,4 +594,3 @@ class Scheduler:
                 for e in self.running.values()
             ],
         )
-

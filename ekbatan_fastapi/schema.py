@@ -7,6 +7,7 @@ The table is db-scheduler's, verbatim, so that it stays compatible with db-sched
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -31,8 +32,8 @@ from .errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
-    "metadata",
     "create_schema",
+    "metadata",
     "scheduled_tasks",
     "scheduled_tasks_table",
     "validate_table_name",
@@ -56,7 +57,7 @@ def _key() -> TypeEngine[str]:
     return Text().with_variant(String(100), "mysql", "mariadb")
 
 
-def _timestamp() -> TypeEngine[object]:
+def _timestamp() -> TypeEngine[Any]:
     return DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 
 

@@ -20,6 +20,8 @@ from ekbatan_fastapi import (
 )
 from ekbatan_fastapi.job import _Job
 
+_ROOT = str(Path(__file__).resolve().parent.parent)
+
 
 async def wait_until(
     predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, what: str = ""
@@ -156,7 +158,7 @@ class Worker:
             url,
             *args,
             stdout=asyncio.subprocess.PIPE,
-            cwd=str(Path(__file__).resolve().parent.parent),
+            cwd=_ROOT,
         )
         worker = cls(process)
         assert process.stdout is not None
@@ -174,3 +176,56 @@ class Worker:
         if self.process.returncode is None:
             self.process.kill()
         await self.process.wait()
+
+
+class TcpProxy:
+    """A loopback TCP proxy in front of the test database: it can appear and vanish."""
+
+    def __init__(self, database_url: str) -> None:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(database_url)
+        socket_dir = url.query.get("host")
+        self._unix = f"{socket_dir}/.s.PGSQL.{url.port or 5432}" if socket_dir else None
+        self._target = (url.host or "127.0.0.1", url.port or 5432)
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = url.set(host="127.0.0.1", port=self.port).difference_update_query(["host"])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        """Stop listening and cut every open connection (a database outage)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._pipes):
+            task.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._unix:
+            up_reader, up_writer = await asyncio.open_unix_connection(self._unix)
+        else:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        for coro in (pipe(reader, up_writer), pipe(up_reader, writer)):
+            task = asyncio.create_task(coro)
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)

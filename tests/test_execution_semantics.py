@@ -36,9 +36,7 @@ async def test_failure_counts_reschedules_and_success_resets(
     steady = RecordingJob("steady", Schedules.fixed_delay(timedelta(milliseconds=50)))
     registry = await registries.start(flaky, steady)
     await wait_until(lambda: len(flaky.slots) >= 3, what="three failures")
-    await wait_until(
-        lambda: _failures_at_least(engine, 3), what="consecutive_failures reaching 3"
-    )
+    await wait_until(lambda: _failures_at_least(engine, 3), what="consecutive_failures reaching 3")
     row = await _row(engine, "flaky")
     assert row.last_failure is not None and row.last_success is None  # type: ignore[attr-defined]
     assert row.execution_time > row.last_failure - timedelta(seconds=1)  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from datetime import timedelta
 
@@ -39,7 +40,7 @@ async def test_three_processes_run_each_200ms_slot_exactly_once(
     # A unique violation would have failed an execution: none did.
     assert row.last_failure is None and not row.picked
     assert pids <= {w.pid for w in workers}
-    gaps = [b - a for a, b in zip(slots, slots[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(slots)]
     period = timedelta(milliseconds=200)
     assert all(g % period == timedelta(0) for g in gaps), "slots left the fixed-rate grid"
     missed = sum(g // period - 1 for g in gaps)
@@ -58,7 +59,9 @@ async def test_killed_execution_is_revived_elsewhere_with_the_same_slot(
 
     async def starts() -> list[tuple[object, int, object]]:
         async with engine.connect() as conn:
-            result = await conn.execute(text("SELECT slot, pid, started FROM starts ORDER BY started"))
+            result = await conn.execute(
+                text("SELECT slot, pid, started FROM starts ORDER BY started")
+            )
             return [tuple(r) for r in result]
 
     first = await Worker.start("long", database_url, "--heartbeat", str(heartbeat))
@@ -77,7 +80,7 @@ async def test_killed_execution_is_revived_elsewhere_with_the_same_slot(
         await first.kill()
         if second is not None:
             await second.stop()
-    (slot1, pid1, t1), (slot2, pid2, t2) = runs
+    (slot1, pid1, _), (slot2, pid2, _) = runs
     assert pid1 == first.pid and pid2 == second.pid
     assert slot1 == slot2, "the revived run must see the same ctx.execution_time"
     bound = heartbeat * limit + heartbeat

@@ -28,9 +28,7 @@ async def test_instances_starting_together_create_each_recurring_row_once(
     registries: RegistryFactory, engine: AsyncEngine
 ) -> None:
     def jobs() -> list[RecordingJob]:
-        return [
-            RecordingJob(f"daily-{i}", Schedules.daily(time(3, i))) for i in range(5)
-        ]
+        return [RecordingJob(f"daily-{i}", Schedules.daily(time(3, i))) for i in range(5)]
 
     built = [registries.build(*jobs()) for _ in range(6)]
     await asyncio.gather(*(r.start() for r in built))
@@ -50,10 +48,10 @@ async def test_changed_daily_schedule_moves_the_future_row(
 ) -> None:
     first = await registries.start(RecordingJob("report", Schedules.daily(time(2, 0))))
     await first.stop()
-    (_, _, before, _, _), = await _rows(engine)
+    ((_, _, before, _, _),) = await _rows(engine)
     assert before.time() == time(2, 0)
     await registries.start(RecordingJob("report", Schedules.daily(time(4, 30))))
-    (_, _, after, _, version), = await _rows(engine)
+    ((_, _, after, _, version),) = await _rows(engine)
     assert after.time() == time(4, 30)
     assert after > datetime.now(UTC) and after - datetime.now(UTC) <= timedelta(days=1)
     assert version == 2

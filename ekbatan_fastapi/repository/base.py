@@ -67,11 +67,11 @@ class TaskRepository(abc.ABC):
             "or call `await ekbatan_fastapi.create_schema(engine)` once at deployment"
         )
 
-    async def _rows(self, stmt: Executable, params: Any = None) -> Sequence[Row[Any]]:
+    async def _rows(self, stmt: Executable, params: Any = None) -> list[Any]:
         try:
             async with self.engine.connect() as conn:
                 result = await conn.execute(stmt, params)
-                return result.fetchall() if result.returns_rows else []
+                return list(result.fetchall()) if result.returns_rows else []
         except DBAPIError as error:
             if self.is_missing_table(error):
                 raise self.missing_table_error() from error
@@ -133,7 +133,7 @@ class TaskRepository(abc.ABC):
         rows = await self._rows(stmt)
         return self.to_row(rows[0]) if rows else None
 
-    async def list(
+    async def list_tasks(
         self,
         task_name: str | None = None,
         *,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum
 
-__all__ = ["FinishKind", "Finish", "NewTask", "Owned", "PollResult", "TaskKey", "TaskRow"]
+__all__ = ["Finish", "FinishKind", "NewTask", "Owned", "PollResult", "TaskKey", "TaskRow"]
 
 TaskKey = tuple[str, str]
 """``(task_name, task_instance)``: the primary key."""

@@ -1,0 +1,121 @@
+"""Two-phase shutdown: wait, cancel and wait again, abandon; no signal handlers installed."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from datetime import timedelta
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules
+
+from .helpers import RecordingJob, RegistryFactory, wait_until
+
+
+class SlowJob(DistributedJob):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = asyncio.Event()
+        self.finished = False
+        self.saw_shutdown = False
+
+    def name(self) -> str:
+        return "slow"
+
+    def schedule(self) -> Schedule:
+        return Schedules.fixed_delay(timedelta(hours=1))
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        self.started.set()
+        await asyncio.sleep(self.seconds)
+        self.saw_shutdown = ctx.is_shutting_down
+        self.finished = True
+
+
+class BlockedThreadJob(DistributedJob):
+    """A plain-def job stuck in its thread: it cannot be cancelled."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def name(self) -> str:
+        return "stuck"
+
+    def schedule(self) -> Schedule:
+        return Schedules.fixed_delay(timedelta(hours=1))
+
+    def execute(self, ctx: ExecutionContext) -> None:
+        self.started.set()
+        self.release.wait(10)
+
+
+async def _row(engine: AsyncEngine, name: str) -> object:
+    async with engine.connect() as conn:
+        return (
+            await conn.execute(
+                text("SELECT * FROM scheduled_tasks WHERE task_name = :n"), {"n": name}
+            )
+        ).one()
+
+
+async def test_phase_one_waits_for_running_executions(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    job = SlowJob(0.3)
+    registry = await registries.start(job, shutdown=5.0)
+    await asyncio.wait_for(job.started.wait(), 5)
+    await registry.stop()
+    assert job.finished and job.saw_shutdown
+    row = await _row(engine, "slow")
+    assert not row.picked and row.last_success is not None  # type: ignore[attr-defined]
+
+
+async def test_phase_two_cancels_and_releases_the_slot(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    job = SlowJob(60)
+    registry = await registries.start(job, shutdown=0.2)
+    await asyncio.wait_for(job.started.wait(), 5)
+    slot = (await _row(engine, "slow")).execution_time  # type: ignore[attr-defined]
+    began = time.monotonic()
+    await registry.stop()
+    assert time.monotonic() - began < 1.5
+    assert not job.finished
+    row = await _row(engine, "slow")
+    assert not row.picked and row.execution_time == slot  # type: ignore[attr-defined]
+    assert row.last_success is None and row.last_failure is None  # type: ignore[attr-defined]
+
+
+async def test_execution_outliving_both_phases_is_abandoned_then_revived(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    stuck = BlockedThreadJob()
+    registry = await registries.start(stuck, shutdown=0.2)
+    await wait_until(stuck.started.is_set, what="the stuck job to start")
+    try:
+        began = time.monotonic()
+        await registry.stop()
+        assert time.monotonic() - began < 1.5
+        row = await _row(engine, "stuck")
+        assert row.picked, "abandoned: the row stays picked"  # type: ignore[attr-defined]
+        successor = RecordingJob("stuck", Schedules.fixed_delay(timedelta(hours=1)))
+        await registries.start(successor)
+        await asyncio.wait_for(successor.started.wait(), 5)  # revived as a dead execution
+        assert successor.slots == [row.execution_time]  # type: ignore[attr-defined]
+    finally:
+        stuck.release.set()
+
+
+async def test_library_installs_no_signal_handlers(registries: RegistryFactory) -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    registry = await registries.start(RecordingJob("x", Schedules.fixed_delay(timedelta(1))))
+    assert {s: signal.getsignal(s) for s in before} == before
+    loop = asyncio.get_running_loop()
+    assert not getattr(loop, "_signal_handlers", {})
+    await registry.stop()
+    assert {s: signal.getsignal(s) for s in before} == before
