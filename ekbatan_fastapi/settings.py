@@ -1,0 +1,512 @@
+"""Settings for the FastAPI integration: environment, an optional YAML file, and defaults.
+
+Sources, strongest first: constructor arguments, environment variables (``EKBATAN_`` prefix,
+``__`` between levels, list items by index: ``EKBATAN_SHARDING__GROUPS__0__...``), the YAML
+file named by ``EKBATAN_CONFIG_FILE`` (``ekbatan:`` root, ``${VAR}`` interpolation), defaults.
+Keys may be written in snake_case, kebab-case or camelCase. Durations are ISO-8601 only, so a
+shorthand such as ``10s`` stops startup with a message naming the key and the ISO form.
+
+This module does not import FastAPI: the settings are usable from any process.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+from sqlalchemy.engine import URL, make_url
+
+from .config import MIN_MISSED_HEARTBEATS
+from .connection import DEFAULT_POOL_SIZE, ConnectionProvider
+from .durations import parse_iso_duration
+from .errors import ConfigurationError
+
+__all__ = [
+    "CONFIG_FILE_ENV",
+    "DataSourceConfig",
+    "EkbatanSettings",
+    "JobsSettings",
+    "ShardGroup",
+    "ShardMember",
+    "ShardingSettings",
+    "canonical_key",
+    "mask_url",
+]
+
+CONFIG_FILE_ENV = "EKBATAN_CONFIG_FILE"
+JOBS_SLOT = "jobs_config"
+_ENV_PREFIX = "EKBATAN_"
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
+_CONFIG_FILE: contextvars.ContextVar[str | Path | None] = contextvars.ContextVar(
+    "ekbatan_config_file", default=None
+)
+
+
+def canonical_key(key: str) -> str:
+    """``pollingInterval``, ``polling-interval``, ``POLLING_INTERVAL`` -> ``polling_interval``."""
+    return _CAMEL_BOUNDARY.sub("_", key).replace("-", "_").lower()
+
+
+def _display_key(key: str) -> str:
+    """The kebab-case spelling used in messages (``polling-interval``)."""
+    return key.replace("_", "-")
+
+
+def _canonical_mapping(data: Any, where: str) -> Any:
+    """Rename every key of ``data`` (if a mapping) to snake_case; two spellings of one key
+    in the same mapping are an error, since it is not clear which one is meant."""
+    if not isinstance(data, dict):
+        return data
+    result: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ValueError(f"key {key!r}{where} must be a string")
+        canonical = canonical_key(key)
+        if canonical in spelled and spelled[canonical] != key:
+            raise ValueError(
+                f"{spelled[canonical]!r} and {key!r}{where} are the same key in different "
+                "spellings; keep one"
+            )
+        spelled[canonical] = key
+        result[canonical] = value
+    return result
+
+
+def _canonical_tree(value: Any) -> Any:
+    """``_canonical_mapping`` applied at every level (constructor arguments), so that they
+    merge key by key with the environment's snake_case keys."""
+    if isinstance(value, dict):
+        return {k: _canonical_tree(v) for k, v in _canonical_mapping(value, "").items()}
+    if isinstance(value, list):
+        return [_canonical_tree(item) for item in value]
+    return value
+
+
+def _indexed_list(value: Any) -> Any:
+    """Lists arrive from the environment as ``{"0": ..., "1": ...}``; turn them back."""
+    if isinstance(value, dict) and all(isinstance(k, str) and k.isdigit() for k in value):
+        items = {int(k): v for k, v in value.items()}
+        if len(items) != len(value) or sorted(items) != list(range(len(items))):
+            raise ValueError(
+                f"list indices must run 0, 1, 2, ... without gaps, got {', '.join(value)}"
+            )
+        return [items[i] for i in range(len(items))]
+    return value
+
+
+def _module_list(value: Any) -> Any:
+    """``modules`` also accepts a comma-separated string (handy in environment variables)."""
+    value = _indexed_list(value)
+    if isinstance(value, str):
+        if value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a JSON list of module names") from None
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _iso_duration(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"expected an ISO-8601 duration such as PT10S, got {value!r}")
+    return parse_iso_duration(str(value))
+
+
+IsoDuration = Annotated[timedelta, BeforeValidator(_iso_duration)]
+
+
+class _Section(BaseModel):
+    """A settings section whose keys may be snake_case, kebab-case or camelCase."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical_keys(cls, data: Any) -> Any:
+        return _canonical_mapping(data, "")
+
+
+class JobsSettings(_Section):
+    """``ekbatan.jobs``: the scheduler's knobs (defaults from DESIGN.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    polling_interval: IsoDuration = timedelta(seconds=10)
+    heartbeat_interval: IsoDuration = timedelta(seconds=10)
+    shutdown_max_wait: IsoDuration = timedelta(minutes=30)
+    """Applied twice at shutdown: wait, cancel, wait again."""
+    missed_heartbeats_limit: int = 6
+    delete_unresolved_after: IsoDuration = timedelta(days=14)
+    modules: Annotated[list[str], NoDecode, BeforeValidator(_module_list)] = Field(
+        default_factory=list
+    )
+    """Modules imported at startup so that their ``@distributed_job`` classes are found."""
+
+    @field_validator("polling_interval", "heartbeat_interval", "shutdown_max_wait")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be longer than zero, e.g. PT10S")
+        return value
+
+    @field_validator("delete_unresolved_after")
+    @classmethod
+    def _positive_days(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be longer than zero, e.g. P14D")
+        return value
+
+    @field_validator("missed_heartbeats_limit")
+    @classmethod
+    def _enough_misses(cls, value: int) -> int:
+        if value < MIN_MISSED_HEARTBEATS:
+            raise ValueError(
+                f"must be at least {MIN_MISSED_HEARTBEATS}, got {value}; fewer would declare "
+                "executions dead after one slow heartbeat"
+            )
+        return value
+
+
+def mask_url(text: str) -> str:
+    """``scheme://user:secret@host`` and ``password=secret`` with the secrets replaced."""
+    text = re.sub(r"(://[^/:@?#]*:)[^@/?#]*@", r"\1***@", text)
+    return re.sub(r"((?:^|[?&;])password=)[^&;]*", r"\1***", text, flags=re.IGNORECASE)
+
+
+_JDBC = re.compile(r"jdbc:(?P<kind>postgresql|mysql|mariadb)://(?P<rest>.*)", re.IGNORECASE)
+_JDBC_DRIVERS = {
+    "postgresql": "postgresql+asyncpg",
+    "mysql": "mysql+asyncmy",
+    "mariadb": "mariadb+asyncmy",
+}
+
+
+def _from_jdbc(jdbc_url: str) -> URL:
+    """``jdbc:postgresql://host:5432/app?user=u`` -> ``postgresql+asyncpg://u@host:5432/app``."""
+    match = _JDBC.fullmatch(jdbc_url.strip())
+    if match is None:
+        raise ConfigurationError(
+            f"jdbc-url {mask_url(jdbc_url)!r} is not a jdbc:postgresql://, jdbc:mysql:// or "
+            "jdbc:mariadb:// URL with a host; write it as url: "
+            "postgresql+asyncpg://user@host:5432/dbname instead"
+        )
+    driver = _JDBC_DRIVERS[match["kind"].lower()]
+    rest = match["rest"]
+    if "," in rest.split("/", 1)[0]:
+        raise ConfigurationError(
+            f"jdbc-url {mask_url(jdbc_url)!r} names several hosts, which the jobs pool cannot "
+            "use; give one host, or write url: with a SQLAlchemy URL"
+        )
+    try:
+        url = make_url(f"{driver}://{rest}")
+    except Exception:
+        raise ConfigurationError(
+            f"cannot read jdbc-url {mask_url(jdbc_url)!r}; expected "
+            "jdbc:postgresql://host:5432/dbname"
+        ) from None
+    query = dict(url.query)
+    username = query.pop("user", None)
+    password = query.pop("password", None)
+    translated: dict[str, str | tuple[str, ...]] = {}
+    if "sslmode" in query and driver.startswith("postgresql"):
+        translated["ssl"] = query.pop("sslmode")  # asyncpg takes libpq's sslmode values
+    if query:
+        raise ConfigurationError(
+            f"jdbc-url parameters {', '.join(sorted(query))} have no asyncpg/asyncmy "
+            "equivalent here; drop them, or write url: with a SQLAlchemy URL and the "
+            "driver's own options"
+        )
+    return url.set(
+        query=translated,
+        username=username if isinstance(username, str) else url.username,
+        password=password if isinstance(password, str) else url.password,
+    )
+
+
+class DataSourceConfig(_Section):
+    """One ``configs`` slot of a shard member: where a pool connects, and how big it is.
+
+    ``url`` is a SQLAlchemy URL (``postgresql+asyncpg://host:5432/app``); ``jdbc-url`` is
+    accepted for configuration shared with the JVM Ekbatan and translated. The password is a
+    secret: it never appears in ``repr``, logs or ``/jobs``.
+    """
+
+    url: str | None = None
+    jdbc_url: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    maximum_pool_size: int = Field(default=DEFAULT_POOL_SIZE, ge=1)
+
+    @model_validator(mode="after")
+    def _one_url(self) -> DataSourceConfig:
+        if self.url is not None and self.jdbc_url is not None:
+            raise ValueError("give either url or jdbc-url, not both")
+        return self
+
+    def sqlalchemy_url(self) -> URL:
+        """The URL to connect to, with ``username``/``password`` applied (they win)."""
+        if self.jdbc_url is not None:
+            url = _from_jdbc(self.jdbc_url)
+        elif self.url is not None:
+            try:
+                url = make_url(self.url)
+            except Exception:
+                raise ConfigurationError(
+                    f"cannot read url {mask_url(self.url)!r}; expected e.g. "
+                    "postgresql+asyncpg://user@host:5432/dbname"
+                ) from None
+        else:
+            raise ConfigurationError("this config has neither url nor jdbc-url; set one of them")
+        if self.username is not None:
+            url = url.set(username=self.username)
+        if self.password is not None:
+            url = url.set(password=self.password.get_secret_value())
+        return url
+
+    def connection_provider(self) -> ConnectionProvider:
+        """A dedicated pool of ``maximum_pool_size`` connections; connects lazily."""
+        return ConnectionProvider.from_url(self.sqlalchemy_url(), pool_size=self.maximum_pool_size)
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            if name in ("url", "jdbc_url") and isinstance(value, str):
+                yield name, mask_url(value)
+            else:
+                yield name, value
+
+
+class ShardMember(_Section):
+    """A member of a shard group; its ``configs`` slots name pools (``jobs-config``, ...)."""
+
+    configs: dict[str, DataSourceConfig] = Field(default_factory=dict)
+
+    @field_validator("configs", mode="before")
+    @classmethod
+    def _canonical_slots(cls, value: Any) -> Any:
+        return _canonical_mapping(value, " in configs")
+
+    def config_for(self, slot: str) -> DataSourceConfig | None:
+        """The slot's config; ``jobs_config``, ``jobs-config`` and ``jobsConfig`` are one slot."""
+        return self.configs.get(canonical_key(slot))
+
+
+class ShardGroup(_Section):
+    members: Annotated[list[ShardMember], BeforeValidator(_indexed_list)] = Field(
+        default_factory=list
+    )
+
+
+class ShardingSettings(_Section):
+    """``ekbatan.sharding``: the default shard is ``groups[0]``."""
+
+    groups: Annotated[list[ShardGroup], BeforeValidator(_indexed_list)] = Field(
+        default_factory=list
+    )
+
+
+_JOBS_SLOT_PATH = "ekbatan.sharding.groups[0].members[0].configs.jobs-config"
+_JOBS_SLOT_ENV = "EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG"
+
+
+class EkbatanSettings(BaseSettings):
+    """Everything the FastAPI integration reads from configuration.
+
+    ``EkbatanSettings()`` reads the sources; ``EkbatanSettings(jobs={...}, _config_file=path)``
+    overrides them. Invalid values raise ConfigurationError naming the key, its environment
+    variable and the fix.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=_ENV_PREFIX,
+        env_nested_delimiter="__",
+        case_sensitive=False,
+        extra="ignore",
+        frozen=True,
+    )
+
+    jobs: JobsSettings = Field(default_factory=JobsSettings)
+    sharding: ShardingSettings = Field(default_factory=ShardingSettings)
+
+    config_file_env: ClassVar[str] = CONFIG_FILE_ENV
+
+    def __init__(self, _config_file: str | Path | None = None, **values: Any) -> None:
+        try:
+            values = _canonical_tree(values)
+        except ValueError as error:
+            raise ConfigurationError(f"invalid ekbatan settings: {error}") from None
+        token = _CONFIG_FILE.set(_config_file)
+        try:
+            super().__init__(**values)
+        except ValidationError as error:
+            raise ConfigurationError(_describe(error)) from None
+        except SettingsError as error:
+            # e.g. EKBATAN_JOBS='{not json': pydantic-settings names the field and source.
+            raise ConfigurationError(f"invalid ekbatan settings: {error}") from None
+        finally:
+            _CONFIG_FILE.reset(token)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical_keys(cls, data: Any) -> Any:
+        return _canonical_mapping(data, "")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            dotenv_settings,
+            YamlFileSource(settings_cls),
+            file_secret_settings,
+        )
+
+    def find_jobs_datasource(self) -> DataSourceConfig | None:
+        """The ``jobs-config`` slot of the default shard's first member, if configured."""
+        if not self.sharding.groups or not self.sharding.groups[0].members:
+            return None
+        return self.sharding.groups[0].members[0].config_for(JOBS_SLOT)
+
+    def jobs_datasource(self) -> DataSourceConfig:
+        """Like ``find_jobs_datasource`` but a missing or empty slot is a ConfigurationError."""
+        config = self.find_jobs_datasource()
+        if config is None:
+            found = ""
+            if self.sharding.groups and self.sharding.groups[0].members:
+                slots = self.sharding.groups[0].members[0].configs
+                found = f" (that member has {', '.join(map(_display_key, slots)) or 'no'} slots)"
+            raise ConfigurationError(
+                f"no database is configured for the jobs{found}: set {_JOBS_SLOT_PATH}.url "
+                f"(environment: {_JOBS_SLOT_ENV}__URL), e.g. "
+                "postgresql+asyncpg://app@db:5432/app, or jdbc-url"
+            )
+        if config.url is None and config.jdbc_url is None:
+            raise ConfigurationError(
+                f"{_JOBS_SLOT_PATH} has neither url nor jdbc-url: set {_JOBS_SLOT_PATH}.url "
+                f"(environment: {_JOBS_SLOT_ENV}__URL)"
+            )
+        return config
+
+
+def _interpolate(value: Any, path: str, source: Path) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:default}`` in string values; lists become index maps so
+    that environment variables (``...__GROUPS__0__...``) merge into them item by item."""
+    if isinstance(value, dict):
+        mapped = _canonical_mapping(value, f" at {path} in {source}")
+        return {k: _interpolate(v, f"{path}.{_display_key(k)}", source) for k, v in mapped.items()}
+    if isinstance(value, list):
+        return {str(i): _interpolate(v, f"{path}[{i}]", source) for i, v in enumerate(value)}
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match[1], match[2]
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise ConfigurationError(
+                f"{path} in {source} refers to ${{{name}}}, which is not set; set the "
+                f"environment variable {name} or write ${{{name}:default}}"
+            )
+
+        return _INTERPOLATION.sub(substitute, value)
+    return value
+
+
+class YamlFileSource(PydanticBaseSettingsSource):
+    """The ``ekbatan:`` section of the YAML file named by ``EKBATAN_CONFIG_FILE``."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # everything is produced by __call__
+
+    def __call__(self) -> dict[str, Any]:
+        path = _CONFIG_FILE.get() or os.environ.get(CONFIG_FILE_ENV)
+        if not path:
+            return {}
+        source = Path(path)
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigurationError(
+                f"{CONFIG_FILE_ENV}={source} needs PyYAML: pip install 'ekbatan-fastapi[yaml]'"
+            ) from None
+        try:
+            text = source.read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigurationError(
+                f"cannot read the settings file {source} ({CONFIG_FILE_ENV}): "
+                f"{error.strerror or error}"
+            ) from None
+        try:
+            document = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigurationError(f"{source} is not valid YAML: {error}") from None
+        if not isinstance(document, dict) or not isinstance(document.get("ekbatan"), dict):
+            raise ConfigurationError(
+                f"{source} has no 'ekbatan:' mapping at the top level; the settings live "
+                "under it (ekbatan: / jobs: / polling-interval: PT10S)"
+            )
+        result = _interpolate(document["ekbatan"], "ekbatan", source)
+        assert isinstance(result, dict)
+        return result
+
+
+def _location(loc: tuple[int | str, ...]) -> tuple[str, str]:
+    """The key path as written in YAML and as an environment variable."""
+    path, env = "ekbatan", _ENV_PREFIX.rstrip("_")
+    for part in loc:
+        if isinstance(part, int) or part.isdigit():
+            path += f"[{part}]"
+        elif "[" in part or "(" in part:
+            continue  # pydantic's validator/type markers, not keys
+        else:
+            path += f".{_display_key(part)}"
+        env += f"__{str(part).upper()}" if env != "EKBATAN" else f"_{str(part).upper()}"
+    return path, env
+
+
+def _describe(error: ValidationError) -> str:
+    """One line per problem, never echoing the input (it may hold a password)."""
+    lines = []
+    for item in error.errors(include_input=False, include_url=False):
+        path, env = _location(tuple(item["loc"]))
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            known = ", ".join(_display_key(name) for name in JobsSettings.model_fields)
+            message = f"unknown key; the keys of ekbatan.jobs are {known}"
+        lines.append(f"  - {path} (environment: {env}): {message}")
+    return "invalid ekbatan settings:\n" + "\n".join(lines)
