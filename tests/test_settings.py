@@ -80,18 +80,18 @@ def test_non_iso_durations_are_rejected_with_a_hint(value: object, hint: str) ->
 
 
 def test_zero_interval_is_rejected() -> None:
-    with pytest.raises(ConfigurationError, match="polling-interval.*longer than zero"):
+    with pytest.raises(ConfigurationError, match=r"polling-interval.*longer than zero"):
         EkbatanSettings(jobs={"polling-interval": "PT0S"})
 
 
 def test_missed_heartbeats_limit_below_four_is_rejected() -> None:
-    with pytest.raises(ConfigurationError, match="missed-heartbeats-limit.*at least 4"):
+    with pytest.raises(ConfigurationError, match=r"missed-heartbeats-limit.*at least 4"):
         EkbatanSettings(jobs={"missedHeartbeatsLimit": 3})
 
 
 def test_unknown_jobs_key_is_rejected_with_the_known_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EKBATAN_JOBS__POLL_INTERVAL", "PT1S")
-    with pytest.raises(ConfigurationError, match="poll-interval.*unknown key.*polling-interval"):
+    with pytest.raises(ConfigurationError, match=r"poll-interval.*unknown key.*polling-interval"):
         EkbatanSettings()
 
 
@@ -197,7 +197,7 @@ def test_missing_yaml_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_yaml_shorthand_duration_names_the_key(tmp_path: Path) -> None:
     path = write_yaml(tmp_path, "ekbatan:\n  jobs:\n    shutdown-max-wait: 30s\n")
-    with pytest.raises(ConfigurationError, match="shutdown-max-wait.*write PT30S"):
+    with pytest.raises(ConfigurationError, match=r"shutdown-max-wait.*write PT30S"):
         EkbatanSettings(_config_file=path)
 
 
