@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from .codec import decode_data
 from .job import DistributedJob, ExecutionContext, HeartbeatState, OneTimeJob
 from .repository.model import Finish, FinishKind, Owned, TaskRow
 
@@ -44,7 +43,7 @@ class Execution:
         return f"{self.row.task_name}/{self.row.task_instance}"
 
     def context(self, shutting_down: Callable[[], bool]) -> ExecutionContext:
-        """The context handed to ``execute``; raises TaskDataError for undecodable data."""
+        """The context handed to ``execute``."""
         row = self.row
         return ExecutionContext(
             task_name=row.task_name,
@@ -52,7 +51,7 @@ class Execution:
             execution_time=row.execution_time,
             picked_by=row.picked_by or "",
             version=row.version,
-            data=decode_data(row.task_data, where=self.label),
+            task_data=row.task_data,
             heartbeat_state=self.heartbeat,
             consecutive_failures=row.consecutive_failures or 0,
             _shutting_down=shutting_down,

@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -149,10 +150,21 @@ class ExecutionContext:
     execution_time: datetime
     picked_by: str
     version: int
-    data: Any
+    task_data: bytes | None = field(repr=False)
     heartbeat_state: HeartbeatState
     consecutive_failures: int
     _shutting_down: Callable[[], bool] = field(repr=False)
+
+    @cached_property
+    def data(self) -> Any:
+        """The instance's data, decoded from JSON on first use.
+
+        Raises ``TaskDataError`` when the row holds bytes this library did not write; the
+        execution then fails like any other exception (a job that never reads ``data`` runs).
+        """
+        from .codec import decode_data
+
+        return decode_data(self.task_data, where=f"{self.task_name}/{self.task_instance}")
 
     @property
     def is_shutting_down(self) -> bool:

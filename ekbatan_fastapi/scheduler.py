@@ -113,6 +113,9 @@ class Scheduler:
         self._last_error_logged = -1e9
         self._last_poll: datetime | None = None
         self._loop_restarts = 0
+        self._lag_events = 0
+        self._max_lag = 0.0
+        self._last_lag: datetime | None = None
         self._last_unresolved_check = -1e9
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -137,6 +140,7 @@ class Scheduler:
             ("poller", self._poll_loop),
             ("completer", self._complete_loop),
             ("housekeeper", self._housekeeping_loop),
+            ("loop-lag monitor", self._lag_monitor_loop),
         ):
             self._tasks.append(asyncio.create_task(self._supervise(name, loop)))
 
@@ -155,7 +159,7 @@ class Scheduler:
             return
         self._stopping = True
         self.request_poll()
-        poller, completer, housekeeper = self._tasks or (None, None, None)
+        poller, completer, housekeeper, monitor = self._tasks or (None, None, None, None)
         if poller is not None:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -193,10 +197,11 @@ class Scheduler:
                 await asyncio.wait_for(asyncio.shield(completer), timeout=max(wait, 1.0))
             except TimeoutError:
                 completer.cancel()
-        if housekeeper is not None:
-            housekeeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await housekeeper
+        for task in (housekeeper, monitor):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("scheduler %s stopped", self.name, extra={"scheduler": self.name})
@@ -559,6 +564,37 @@ class Scheduler:
                 extra={"scheduler": self.name},
             )
 
+    async def _lag_monitor_loop(self) -> None:
+        """Detect a blocked event loop: it delays heartbeats, so peers may revive our work."""
+        loop = asyncio.get_running_loop()
+        tick = 0.1
+        threshold = max(0.1, min(1.0, self.config.heartbeat_interval.total_seconds() / 2))
+        danger = self.config.dead_after.total_seconds() / 2
+        while True:
+            before = loop.time()
+            await asyncio.sleep(tick)
+            lag = loop.time() - before - tick
+            if lag < threshold:
+                continue
+            self._lag_events += 1
+            self._max_lag = max(self._max_lag, lag)
+            self._last_lag = self.db_time()
+            suspects = sorted({e.label for e in self.running.values() if e.job.is_async})
+            log.log(
+                logging.ERROR if lag >= danger else logging.WARNING,
+                "scheduler %s: the event loop was blocked for %.2fs (heartbeat every %s, dead "
+                "after %s%s). Running async executions: %s. Synchronous work inside an "
+                "`async def execute` blocks heartbeats; make it a plain `def` (it then runs in "
+                "a thread) or await it via asyncio.to_thread",
+                self.name,
+                lag,
+                self.config.heartbeat_interval,
+                self.config.dead_after,
+                "; peers may revive this instance's executions" if lag >= danger else "",
+                ", ".join(suspects) or "none",
+                extra={"scheduler": self.name},
+            )
+
     # -- reporting -------------------------------------------------------------------------
 
     def _extra(self, row: TaskRow) -> dict[str, Any]:
@@ -581,6 +617,9 @@ class Scheduler:
             polling_strategy=self.polling_strategy,
             batch_size=self.batch_size,
             loop_restarts=self._loop_restarts,
+            loop_lag_events=self._lag_events,
+            max_loop_lag=self._max_lag,
+            last_loop_lag_at=self._last_lag,
             running=[
                 ExecutionStatus(
                     task_name=e.row.task_name,

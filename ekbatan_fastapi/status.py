@@ -36,4 +36,9 @@ class SchedulerStatus:
     polling_strategy: str
     batch_size: int
     loop_restarts: int
+    loop_lag_events: int = 0
+    """How often the event loop was found blocked for longer than the lag threshold."""
+    max_loop_lag: float = 0.0
+    """The longest blocked stretch seen, in seconds."""
+    last_loop_lag_at: datetime | None = None
     running: list[ExecutionStatus] = field(default_factory=list)

@@ -159,3 +159,24 @@ async def test_engine_passed_in_is_not_disposed(
         assert (await conn.execute(text("SELECT 1"))).scalar_one() == 1
     await engine.dispose()
     _ = datetime.now(UTC)
+
+
+class BlockingAsyncJob(RecordingJob):
+    """Does synchronous work inside ``async def``: the Python analogue of a stalled JVM."""
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        self.slots.append(ctx.execution_time)
+        time.sleep(0.4)  # noqa: ASYNC251 - deliberately blocks the event loop
+
+
+async def test_blocked_event_loop_is_detected_and_reported(
+    registries: RegistryFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = BlockingAsyncJob("blocker", Schedules.fixed_delay(timedelta(hours=1)))
+    with caplog.at_level(logging.WARNING, logger="ekbatan_fastapi"):
+        registry = await registries.start(job)
+        await wait_until(lambda: registry.status().loop_lag_events >= 1, what="lag detected")
+    status = registry.status()
+    assert status.max_loop_lag >= 0.3 and status.last_loop_lag_at is not None
+    messages = [m for r in caplog.records if "event loop was blocked" in (m := r.getMessage())]
+    assert messages and "blocker/recurring" in messages[0] and "plain `def`" in messages[0]
