@@ -1,0 +1,200 @@
+"""Building the ``/jobs`` report: the derived state of each row and the cluster's health.
+
+The derivation is a pure function of a row, the database's ``now`` and this instance's
+settings, so it is tested without a clock. The dead-after window is this instance's
+``heartbeat_interval x missed_heartbeats_limit``: every instance is expected to share them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from ..client import ScheduledTask
+from ..codec import TaskDataError
+from ..durations import format_iso_duration
+from ..errors import SchemaMissingError
+from ..job import DistributedJob, OneTimeJob
+from ..settings import mask_url
+from .models import ExecutionView, JobsReport, SchedulerView, TaskState, TaskView
+from .state import EkbatanState
+
+__all__ = [
+    "build_report",
+    "derive_state",
+    "is_valid_name",
+    "overdue_after",
+    "redact",
+    "scheduler_view",
+    "task_view",
+]
+
+_MIN_OVERDUE = timedelta(seconds=1)
+
+
+def overdue_after(polling_interval: timedelta) -> timedelta:
+    """How long a row may be due before it counts as overdue: two polls, at least 1 s."""
+    return max(2 * polling_interval, _MIN_OVERDUE)
+
+
+def derive_state(
+    task: ScheduledTask,
+    now: datetime,
+    *,
+    known: bool,
+    dead_after: timedelta,
+    overdue_grace: timedelta,
+) -> TaskState:
+    """``dead`` > ``running`` > ``unresolved`` > ``overdue`` > ``failing`` > ``scheduled``."""
+    if task.picked:
+        if task.last_heartbeat is None or now - task.last_heartbeat > dead_after:
+            return "dead"
+        return "running"
+    if not known:
+        return "unresolved"
+    if now - task.execution_time > overdue_grace:
+        return "overdue"
+    if task.consecutive_failures > 0:
+        return "failing"
+    return "scheduled"
+
+
+def redact(text: str) -> str:
+    """An error message fit for ``/jobs``: no SQL parameters, no passwords in URLs."""
+    text = text.split("\n[SQL:", 1)[0].split("\n(Background on this error", 1)[0]
+    return mask_url(text.strip())[:500]
+
+
+def _task_data(task: ScheduledTask) -> Any:
+    if task.task_data is None:
+        return None
+    try:
+        return task.data
+    except TaskDataError:
+        return f"<{len(task.task_data)} bytes, not JSON>"
+
+
+def task_view(
+    task: ScheduledTask, now: datetime, state: EkbatanState, *, include_task_data: bool
+) -> TaskView:
+    config = state.registry.config
+    job = state.registry.jobs.get(task.task_name)
+    age = (now - task.last_heartbeat) if task.picked and task.last_heartbeat else None
+    return TaskView(
+        name=task.task_name,
+        instance=task.task_instance,
+        kind=(
+            "recurring"
+            if isinstance(job, DistributedJob)
+            else "one-time"
+            if isinstance(job, OneTimeJob)
+            else "unknown"
+        ),
+        schedule=job.schedule().describe() if isinstance(job, DistributedJob) else None,
+        state=derive_state(
+            task,
+            now,
+            known=job is not None,
+            dead_after=config.dead_after,
+            overdue_grace=overdue_after(config.polling_interval),
+        ),
+        execution_time=task.execution_time,
+        picked=task.picked,
+        picked_by=task.picked_by,
+        last_heartbeat=task.last_heartbeat,
+        heartbeat_age_seconds=age.total_seconds() if age is not None else None,
+        fraction_dead=(age / config.dead_after) if age is not None else None,
+        last_success=task.last_success,
+        last_failure=task.last_failure,
+        consecutive_failures=task.consecutive_failures,
+        priority=task.priority,
+        version=task.version,
+        task_data=_task_data(task) if include_task_data else None,
+    )
+
+
+def scheduler_view(state: EkbatanState) -> SchedulerView:
+    status = state.registry.status()
+    config = state.registry.config
+    return SchedulerView(
+        name=status.name,
+        started_at=status.started_at,
+        ready=status.ready,
+        stopping=status.stopping,
+        database_reachable=status.database_reachable,
+        last_error=redact(status.last_error) if status.last_error else None,
+        last_successful_poll=status.last_successful_poll,
+        polling_strategy=status.polling_strategy,
+        batch_size=status.batch_size,
+        loop_restarts=status.loop_restarts,
+        polling_interval=format_iso_duration(config.polling_interval),
+        heartbeat_interval=format_iso_duration(config.heartbeat_interval),
+        dead_after=format_iso_duration(config.dead_after),
+        jobs=sorted(state.registry.jobs),
+        running=[
+            ExecutionView(
+                task_name=e.task_name,
+                task_instance=e.task_instance,
+                execution_time=e.execution_time,
+                started=e.started,
+                version=e.version,
+                fraction_dead=e.fraction_dead,
+                failed_heartbeats=e.failed_heartbeats,
+            )
+            for e in status.running
+        ],
+    )
+
+
+async def build_report(
+    state: EkbatanState,
+    *,
+    name: str | None = None,
+    limit: int = 1000,
+    offset: int = 0,
+    include_task_data: bool = False,
+    timeout: float = 5.0,
+) -> JobsReport:
+    """Read the table (all rows, or those of ``name``) and judge the cluster's health."""
+    problems: list[str] = []
+    now: datetime | None = None
+    tasks: list[TaskView] = []
+    try:
+        async with asyncio.timeout(timeout):
+            now = await state.registry.repository.db_now()
+            rows = await state.client.list(name, limit=limit, offset=offset)
+    except TimeoutError:
+        problems.append(f"database unreachable: no answer within {timeout:g}s")
+    except SchemaMissingError as error:
+        problems.append(str(error))
+    except Exception as error:
+        problems.append(f"database unreachable: {redact(f'{type(error).__name__}: {error}')}")
+    else:
+        tasks = [task_view(t, now, state, include_task_data=include_task_data) for t in rows]
+    for task in tasks:
+        if task.state == "dead":
+            problems.append(
+                f"{task.name}/{task.instance} is dead: picked by {task.picked_by}, last "
+                f"heartbeat {_age(task.heartbeat_age_seconds)}; it will be revived and run again"
+            )
+    return JobsReport(
+        healthy=not problems,
+        problems=problems,
+        database_time=now,
+        scheduler=scheduler_view(state),
+        tasks=tasks,
+    )
+
+
+def _age(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.1f}s ago"
+
+
+_NAME = re.compile(r"^[^\x00]{1,100}$")
+
+
+def is_valid_name(name: str) -> bool:
+    """Task names are 1 to 100 characters without NUL (the column's limit)."""
+    return bool(_NAME.match(name)) and bool(name.strip())

@@ -1,0 +1,40 @@
+"""Helpers for the FastAPI integration tests: test-sized settings and a running app client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from ekbatan_fastapi.settings import EkbatanSettings
+
+FAST_JOBS = {
+    "polling-interval": "PT0.1S",
+    "heartbeat-interval": "PT0.1S",
+    "shutdown-max-wait": "PT2S",
+}
+SLOT_ENV = "EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG"
+
+
+def fast_settings(url: str, **jobs: Any) -> EkbatanSettings:
+    """Settings for ``url`` with 0.1 s polling and heartbeats, and a 2 s shutdown wait."""
+    return EkbatanSettings(
+        jobs={**FAST_JOBS, **jobs},
+        sharding={"groups": [{"members": [{"configs": {"jobs-config": {"url": url}}}]}]},
+    )
+
+
+@asynccontextmanager
+async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """Run the app's lifespan and yield an HTTP client for it, all in this event loop."""
+    async with (
+        LifespanManager(app, startup_timeout=10, shutdown_timeout=15) as manager,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=manager.app), base_url="http://testserver"
+        ) as client,
+    ):
+        yield client
