@@ -179,6 +179,8 @@ class SchedulerClient:
         if not ok:
             await self._explain_failure(job_name, instance_id, "rescheduled")
         self._woken(at)
+        if self._repo.supports_notify:
+            await self._repo.notify(at)
 
     async def run_now(self, job_name: str, instance_id: str = RECURRING_INSTANCE) -> None:
         """Make an instance due now (database clock), keeping its failure counters."""

@@ -34,6 +34,9 @@ class SchedulerConfig:
     """None: lock-and-fetch where the dialect has SKIP LOCKED, fetch otherwise."""
     batch_size: int | None = None
     """None: ``max(50, 3 x number of jobs)``."""
+    listen: bool = True
+    """Where the database supports it (PostgreSQL LISTEN/NOTIFY), hold one pooled connection
+    that wakes this instance when any instance schedules work."""
     scheduler_name: str = field(default_factory=default_scheduler_name)
     clock: Clock = field(default_factory=SystemClock)
 

@@ -71,6 +71,11 @@ class SchedulerBuilder:
         self.config.scheduler_name = value
         return self
 
+    def listen(self, value: bool) -> SchedulerBuilder:
+        """Use LISTEN/NOTIFY for newly scheduled work where supported (default True)."""
+        self.config.listen = value
+        return self
+
     def clock(self, value: Clock) -> SchedulerBuilder:
         self.config.clock = value
         return self

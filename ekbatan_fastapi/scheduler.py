@@ -97,7 +97,7 @@ class Scheduler:
 
         self.running: dict[TaskKey, Execution] = {}
         self._pending: list[tuple[Finish, asyncio.Future[bool], Execution]] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._threads: ThreadPoolExecutor | None = None
         self._wake = asyncio.Event()
         self._finish_ready = asyncio.Event()
@@ -136,13 +136,16 @@ class Scheduler:
             self.config.missed_heartbeats_limit,
             extra={"scheduler": self.name},
         )
-        for name, loop in (
-            ("poller", self._poll_loop),
-            ("completer", self._complete_loop),
-            ("housekeeper", self._housekeeping_loop),
-            ("loop-lag monitor", self._lag_monitor_loop),
-        ):
-            self._tasks.append(asyncio.create_task(self._supervise(name, loop)))
+        loops: dict[str, Callable[[], Awaitable[None]]] = {
+            "poller": self._poll_loop,
+            "completer": self._complete_loop,
+            "housekeeper": self._housekeeping_loop,
+            "loop-lag monitor": self._lag_monitor_loop,
+        }
+        if self.config.listen and self.repository.supports_notify:
+            loops["listener"] = self._listen_loop
+        for name, loop in loops.items():
+            self._tasks[name] = asyncio.create_task(self._supervise(name, loop))
 
     async def wait_until_ready(self, timeout: float | None = None) -> bool:
         """Wait until startup reached the database and created the recurring rows."""
@@ -159,11 +162,7 @@ class Scheduler:
             return
         self._stopping = True
         self.request_poll()
-        poller, completer, housekeeper, monitor = self._tasks or (None, None, None, None)
-        if poller is not None:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+        await self._cancel("listener", "poller")
         wait = self.config.shutdown_max_wait.total_seconds()
         tasks = {e.task for e in self.running.values() if e.task is not None}
         if tasks:
@@ -192,19 +191,24 @@ class Scheduler:
                     self.running.pop(execution.row.key, None)
         self._completer_closed = True
         self._finish_ready.set()
+        completer = self._tasks.get("completer")
         if completer is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(completer), timeout=max(wait, 1.0))
             except TimeoutError:
                 completer.cancel()
-        for task in (housekeeper, monitor):
+        await self._cancel("housekeeper", "loop-lag monitor")
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        log.info("scheduler %s stopped", self.name, extra={"scheduler": self.name})
+
+    async def _cancel(self, *names: str) -> None:
+        for name in names:
+            task = self._tasks.get(name)
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)
-        log.info("scheduler %s stopped", self.name, extra={"scheduler": self.name})
 
     @property
     def is_shutting_down(self) -> bool:
@@ -563,6 +567,26 @@ class Scheduler:
                 self.config.delete_unresolved_after,
                 extra={"scheduler": self.name},
             )
+
+    async def _listen_loop(self) -> None:
+        """Hold a LISTEN connection: work scheduled by any instance wakes this one at once."""
+        await self._ready.wait()
+        backoff = _Backoff(self.config.polling_interval.total_seconds())
+        while not self._stopping:
+            began = self.clock.monotonic()
+            try:
+                await self.repository.listen(self._notified)
+            except Exception as error:
+                if self.clock.monotonic() - began > 5:
+                    backoff.reset()
+                self._db_failed(error, "listening for notifications")
+            await asyncio.sleep(backoff.next())
+
+    def _notified(self, when: datetime | None) -> None:
+        if when is None or when <= self.db_time():
+            self.request_poll()
+        else:
+            self.note_due(when)
 
     async def _lag_monitor_loop(self) -> None:
         """Detect a blocked event loop: it delays heartbeats, so peers may revive our work."""

@@ -120,3 +120,20 @@ async def test_undecodable_task_data_fails_the_execution_with_a_clear_message(
     assert task is not None
     with pytest.raises(TaskDataError, match=r"count/java.*not UTF-8 JSON"):
         _ = task.data
+
+
+async def test_work_scheduled_elsewhere_wakes_a_listening_instance(
+    registries: RegistryFactory,
+) -> None:
+    job = CountingJob()
+    await registries.start(job, poll=30.0)
+    elsewhere = registries.build(CountingJob())  # another instance's client, not polling
+    await asyncio.sleep(0.1)  # let the listener subscribe (it also polls once when it does)
+    await elsewhere.client.schedule("count", "now")
+    await wait_until(lambda: job.runs["now"] == 1, timeout=2, what="a run woken by NOTIFY")
+    soon = datetime.now(UTC) + timedelta(milliseconds=300)
+    await elsewhere.client.schedule("count", "soon", soon)
+    await wait_until(lambda: job.runs["soon"] == 1, timeout=2, what="a run at its due time")
+    await elsewhere.client.schedule("count", "moved", soon + timedelta(hours=1))
+    await elsewhere.client.reschedule("count", "moved", None)
+    await wait_until(lambda: job.runs["moved"] == 1, timeout=2, what="a rescheduled run")

@@ -15,7 +15,7 @@ The lease protocol, which every dialect implements:
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -47,6 +47,8 @@ class TaskRepository(abc.ABC):
 
     dialect_name: str = "generic"
     supports_skip_locked: bool = False
+    supports_notify: bool = False
+    """True where ``listen`` can push "something became due" to every instance."""
 
     def __init__(self, engine: AsyncEngine, table_name: str) -> None:
         self.table_name = table_name
@@ -250,3 +252,20 @@ class TaskRepository(abc.ABC):
         """Unpick rows of ``names`` whose heartbeat is older than ``dead_after`` (or missing),
         bumping ``version`` and keeping ``execution_time``. Returns the rows as they were
         before revival (``picked_by`` names the instance presumed dead)."""
+
+    # -- optional push notifications ------------------------------------------------------
+
+    async def notify(self, execution_time: datetime | None) -> None:
+        """Tell every listening instance that a row is due at ``execution_time`` (None: now).
+
+        A no-op where the dialect has no notifications: instances then learn of new work
+        when they poll.
+        """
+        return None
+
+    async def listen(self, on_due: Callable[[datetime | None], None]) -> None:
+        """Call ``on_due`` for every notification until the connection is lost (then raise).
+
+        Only dialects with ``supports_notify`` implement it.
+        """
+        raise NotImplementedError(f"{self.dialect_name} has no notifications")

@@ -6,8 +6,9 @@ same for every batch size and asyncpg prepares it once per connection.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime, timedelta
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import TextClause, text
@@ -145,14 +146,20 @@ ON CONFLICT (task_name, task_instance) DO NOTHING
 RETURNING task_name, task_instance
 """
 
+# The notification is sent at commit, so listeners never see a row that is not there yet.
 _UPSERT = """
-INSERT INTO {t} AS t (task_name, task_instance, task_data, execution_time, picked, version,
-                      priority)
-VALUES (:name, :instance, :data, COALESCE(CAST(:time AS timestamptz), now()), false, 1,
-        :priority)
-ON CONFLICT (task_name, task_instance) DO {action}
-RETURNING t.task_name
+WITH written AS (
+    INSERT INTO {t} AS t (task_name, task_instance, task_data, execution_time, picked, version,
+                          priority)
+    VALUES (:name, :instance, :data, COALESCE(CAST(:time AS timestamptz), now()), false, 1,
+            :priority)
+    ON CONFLICT (task_name, task_instance) DO {action}
+    RETURNING t.task_name, t.execution_time
+)
+SELECT task_name, pg_notify(:channel, CAST(extract(epoch FROM execution_time) AS text))
+FROM written
 """
+_NOTIFY = "SELECT pg_notify(:channel, :payload)"
 _REPLACE = """UPDATE SET execution_time = EXCLUDED.execution_time, task_data = EXCLUDED.task_data,
     priority = EXCLUDED.priority, version = t.version + 1 WHERE t.picked = false"""
 
@@ -162,6 +169,7 @@ class PostgresRepository(TaskRepository):
 
     dialect_name = "postgresql"
     supports_skip_locked = True
+    supports_notify = True
 
     def __init__(self, engine: Any, table_name: str) -> None:
         super().__init__(engine, table_name)
@@ -182,6 +190,8 @@ class PostgresRepository(TaskRepository):
         self._insert_missing = sql(_INSERT_MISSING)
         self._upsert_keep = sql(_UPSERT.replace("{action}", "NOTHING"))
         self._upsert_replace = sql(_UPSERT.replace("{action}", _REPLACE))
+        self._notify = text(_NOTIFY)
+        self.channel = f"ekbatan_{table_name.replace('.', '_')}"[:63]
 
     def is_missing_table(self, error: DBAPIError) -> bool:
         return getattr(error.orig, "sqlstate", None) == "42P01"
@@ -212,9 +222,38 @@ class PostgresRepository(TaskRepository):
                 "data": task.task_data,
                 "time": task.execution_time,
                 "priority": task.priority,
+                "channel": self.channel,
             },
         )
         return bool(rows)
+
+    async def notify(self, execution_time: datetime | None) -> None:
+        payload = "" if execution_time is None else str(execution_time.timestamp())
+        await self._rows(self._notify, {"channel": self.channel, "payload": payload})
+
+    async def listen(self, on_due: Callable[[datetime | None], None]) -> None:
+        """Hold one pooled connection with LISTEN on the table's channel until it is lost."""
+
+        def received(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            try:
+                when = datetime.fromtimestamp(float(payload), UTC) if payload else None
+            except ValueError:
+                when = None  # a notification we did not write: poll to be safe
+            on_due(when)
+
+        async with self.engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver: Any = raw.driver_connection
+            lost = asyncio.Event()
+            driver.add_termination_listener(lambda _c: lost.set())
+            await driver.add_listener(self.channel, received)
+            try:
+                on_due(None)  # catch up on whatever was scheduled while nobody listened
+                await lost.wait()
+            finally:
+                if not driver.is_closed():
+                    await driver.remove_listener(self.channel, received)
+        raise ConnectionError(f"the LISTEN connection on channel {self.channel} was lost")
 
     async def poll(
         self, names: Sequence[str], limit: int, picked_by: str, strategy: str
