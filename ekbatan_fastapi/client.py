@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -155,6 +155,38 @@ class SchedulerClient:
         if written:
             self._woken(at)
         return written
+
+    async def schedule_many(
+        self,
+        job_name: str,
+        instances: Iterable[tuple[str, datetime | None, Any]],
+    ) -> int:
+        """Schedule many instances of one job in one statement: ``(instance_id, at, data)``
+        tuples (``at`` None: now). Existing instances are left alone; returns how many were
+        created."""
+        job = self._one_time_job(job_name)
+        tasks: list[NewTask] = []
+        earliest: datetime | None = None
+        due_now = False
+        for instance_id, at, data in instances:
+            validate_name(instance_id, "instance id")
+            at = _aware(at, "at")
+            if at is None:
+                due_now = True
+            elif earliest is None or at < earliest:
+                earliest = at
+            where = f"{job_name}/{instance_id}"
+            tasks.append(
+                NewTask(job_name, instance_id, at, encode_data(data, where=where), job.priority())
+            )
+        if not tasks:
+            return 0
+        created = len(await self._repo.insert_missing(tasks))
+        when = None if due_now else earliest
+        self._woken(when)
+        if created and self._repo.supports_notify:
+            await self._repo.notify(when)
+        return created
 
     async def reschedule(
         self,

@@ -137,3 +137,19 @@ async def test_work_scheduled_elsewhere_wakes_a_listening_instance(
     await elsewhere.client.schedule("count", "moved", soon + timedelta(hours=1))
     await elsewhere.client.reschedule("count", "moved", None)
     await wait_until(lambda: job.runs["moved"] == 1, timeout=2, what="a rescheduled run")
+
+
+async def test_schedule_many_creates_missing_instances_in_one_statement(
+    registries: RegistryFactory,
+) -> None:
+    job = CountingJob()
+    registry = await registries.start(job, poll=30.0)
+    await registry.client.schedule("count", "i0", datetime.now(UTC) + timedelta(hours=1))
+    created = await registry.client.schedule_many(
+        "count", [(f"i{n}", None, {"n": n}) for n in range(500)]
+    )
+    assert created == 499, "the existing instance is left alone"
+    await wait_until(lambda: len(job.runs) == 499, what="every new instance run")
+    assert job.data["i42"] == {"n": 42} and "i0" not in job.runs
+    with pytest.raises(ConfigurationError, match="instance id"):
+        await registry.client.schedule_many("count", [("", None, None)])

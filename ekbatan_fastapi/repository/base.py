@@ -219,7 +219,10 @@ class TaskRepository(abc.ABC):
 
     @abc.abstractmethod
     async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
-        """Insert rows that do not exist yet, race-safely; the keys actually inserted."""
+        """Insert rows that do not exist yet, race-safely; the keys actually inserted.
+
+        A task whose ``execution_time`` is None is due at the database's now.
+        """
 
     @abc.abstractmethod
     async def upsert(self, task: NewTask, *, replace: bool) -> bool:

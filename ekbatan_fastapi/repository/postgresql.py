@@ -138,7 +138,8 @@ RETURNING t.task_name, t.task_instance, t.task_data, t.execution_time, true AS p
 
 _INSERT_MISSING = """
 INSERT INTO {t} (task_name, task_instance, task_data, execution_time, picked, version, priority)
-SELECT d.task_name, d.task_instance, d.task_data, d.execution_time, false, 1, d.priority
+SELECT d.task_name, d.task_instance, d.task_data, COALESCE(d.execution_time, now()), false, 1,
+       d.priority
 FROM unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:datas AS bytea[]),
             CAST(:times AS timestamptz[]), CAST(:priorities AS smallint[]))
     AS d(task_name, task_instance, task_data, execution_time, priority)
