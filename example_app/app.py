@@ -1,0 +1,99 @@
+"""The example application: the app's own resources composed with ekbatan's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from ekbatan_fastapi import create_schema
+from ekbatan_fastapi.integration import (
+    EkbatanState,
+    create_ekbatan_lifespan,
+    create_jobs_router,
+    get_ekbatan,
+)
+from ekbatan_fastapi.settings import EkbatanSettings
+
+from .config import ExampleSettings, get_example_settings
+from .services import DemoLedger, app_database_url, demo_metadata
+
+log = logging.getLogger(__name__)
+
+
+async def prepare_database(engine: AsyncEngine) -> None:
+    """Create ``scheduled_tasks`` and ``demo_runs`` if missing (the example's "migration").
+
+    Two instances starting together may both try; the loser's error is retried and then
+    finds the tables there.
+    """
+    for attempt in range(5):
+        try:
+            await create_schema(engine)
+            async with engine.begin() as conn:
+                await conn.run_sync(demo_metadata.create_all)
+            return
+        except (DBAPIError, OSError) as error:
+            if attempt == 4:
+                log.error("could not prepare the database; /jobs will tell more: %s", error)
+                return
+            await asyncio.sleep(0.2 * (attempt + 1))
+
+
+@asynccontextmanager
+async def app_resources(app: FastAPI) -> AsyncIterator[Mapping[str, Any]]:
+    """The application's own lifespan: opens before the jobs start, closes after they stop."""
+    engine = create_async_engine(app_database_url(EkbatanSettings()), pool_size=2, max_overflow=0)
+    await prepare_database(engine)
+    try:
+        yield {"db": engine}
+    finally:
+        await engine.dispose()
+
+
+def require_admin(
+    settings: Annotated[ExampleSettings, Depends(get_example_settings)],
+    x_admin_token: Annotated[str | None, Header()] = None,
+) -> None:
+    """The authorization dependency that mounts and guards the admin routes."""
+    expected = settings.admin_token.get_secret_value() if settings.admin_token else None
+    if expected is None:
+        raise HTTPException(403, detail="admin routes are disabled: set EXAMPLE_ADMIN_TOKEN")
+    if x_admin_token is None or not secrets.compare_digest(x_admin_token, expected):
+        raise HTTPException(403, detail="send the X-Admin-Token header")
+
+
+def create_app(*, scheduler_name: str | None = None) -> FastAPI:
+    """The example app; ``scheduler_name`` names this instance in ``picked_by`` and logs."""
+    lifespan = create_ekbatan_lifespan(
+        modules=["example_app.jobs"],
+        app_lifespan=app_resources,
+        customize=(lambda b: b.scheduler_name(scheduler_name)) if scheduler_name else None,
+    )
+    app = FastAPI(title="ekbatan-fastapi example", lifespan=lifespan)
+    app.include_router(create_jobs_router(admin_dependency=require_admin))
+
+    @app.get("/")
+    async def index(state: Annotated[EkbatanState, Depends(get_ekbatan)]) -> dict[str, Any]:
+        return {
+            "instance": state.registry.status().name,
+            "jobs": sorted(state.jobs),
+            "links": {"jobs": "/jobs", "demo runs": "/demo/runs", "API docs": "/docs"},
+        }
+
+    @app.get("/demo/runs")
+    async def demo_runs(
+        request: Request, state: Annotated[EkbatanState, Depends(get_ekbatan)]
+    ) -> dict[str, Any]:
+        """Which instance ran each demo slot (and how many slots ran twice: 0)."""
+        summary = await DemoLedger(request.state.db).summary()
+        return {"answered_by": state.registry.status().name, **summary}
+
+    return app
