@@ -28,21 +28,27 @@ from .services import DemoLedger, app_database_url, demo_metadata
 log = logging.getLogger(__name__)
 
 
-async def prepare_database(engine: AsyncEngine) -> None:
-    """Create ``scheduled_tasks`` and ``demo_runs`` if missing (the example's "migration").
+async def _create_tables(engine: AsyncEngine, *, jobs: bool) -> None:
+    if jobs:
+        await create_schema(engine)
+    else:
+        async with engine.begin() as conn:
+            await conn.run_sync(demo_metadata.create_all)
 
-    Two instances starting together may both try; the loser's error is retried and then
-    finds the tables there.
+
+async def prepare_database(engine: AsyncEngine, *, jobs: bool) -> None:
+    """Create ``scheduled_tasks`` (``jobs=True``) or ``demo_runs`` if missing: the example's
+    "migration". Two instances starting together may both try; the loser's error is retried
+    and then finds the table there. If the database stays unreachable, the app starts anyway
+    and ``/jobs`` tells what is wrong.
     """
     for attempt in range(5):
         try:
-            await create_schema(engine)
-            async with engine.begin() as conn:
-                await conn.run_sync(demo_metadata.create_all)
+            await _create_tables(engine, jobs=jobs)
             return
         except (DBAPIError, OSError) as error:
             if attempt == 4:
-                log.error("could not prepare the database; /jobs will tell more: %s", error)
+                log.error("could not prepare the database; see /jobs: %s", error)
                 return
             await asyncio.sleep(0.2 * (attempt + 1))
 
@@ -50,8 +56,14 @@ async def prepare_database(engine: AsyncEngine) -> None:
 @asynccontextmanager
 async def app_resources(app: FastAPI) -> AsyncIterator[Mapping[str, Any]]:
     """The application's own lifespan: opens before the jobs start, closes after they stop."""
-    engine = create_async_engine(app_database_url(EkbatanSettings()), pool_size=2, max_overflow=0)
-    await prepare_database(engine)
+    settings = EkbatanSettings()
+    jobs_engine = create_async_engine(settings.jobs_datasource().sqlalchemy_url(), pool_size=1)
+    try:
+        await prepare_database(jobs_engine, jobs=True)
+    finally:
+        await jobs_engine.dispose()
+    engine = create_async_engine(app_database_url(settings), pool_size=2, max_overflow=0)
+    await prepare_database(engine, jobs=False)
     try:
         yield {"db": engine}
     finally:

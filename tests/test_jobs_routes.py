@@ -130,6 +130,7 @@ async def test_jobs_shows_every_task_with_its_derived_state(
             assert scheduler["jobs"] == ["bad-job", "busy-job", "ok-job"]
             assert [r["task_name"] for r in scheduler["running"]] == ["busy-job"]
             assert body["database_time"] is not None
+            release.set()  # let shutdown find nothing running
     finally:
         release.set()
 
@@ -321,6 +322,14 @@ async def test_unreachable_database_answers_503_on_every_route(database_url: str
         run = await client.post("/jobs/x/run", headers={"x-admin-token": "let-me-in"})
         assert run.status_code == 503
         assert "pw@" not in listing.text + run.text
+
+
+async def test_missing_table_answers_503_with_the_fix(database_url: str) -> None:
+    app = make_app(database_url)  # a fresh database: no scheduled_tasks table
+    async with running(app) as client:
+        response = await client.get("/jobs")
+    assert response.status_code == 503
+    assert "create_schema" in response.json()["problems"][0]
 
 
 async def test_jobs_without_the_lifespan_explains_itself() -> None:
