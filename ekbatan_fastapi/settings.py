@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -37,10 +35,16 @@ from pydantic_settings import (
     SettingsConfigDict,
     SettingsError,
 )
-from sqlalchemy.engine import URL, make_url
 
 from .config import MIN_MISSED_HEARTBEATS
-from .connection import DEFAULT_POOL_SIZE, ConnectionProvider
+from .datasource import (
+    DataSourceConfig,
+    SettingsSection,
+    canonical_key,
+    canonical_mapping,
+    display_key,
+    mask_url,
+)
 from .durations import parse_iso_duration
 from .errors import ConfigurationError
 
@@ -59,49 +63,17 @@ __all__ = [
 CONFIG_FILE_ENV = "EKBATAN_CONFIG_FILE"
 JOBS_SLOT = "jobs_config"
 _ENV_PREFIX = "EKBATAN_"
-_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 _CONFIG_FILE: contextvars.ContextVar[str | Path | None] = contextvars.ContextVar(
     "ekbatan_config_file", default=None
 )
 
 
-def canonical_key(key: str) -> str:
-    """``pollingInterval``, ``polling-interval``, ``POLLING_INTERVAL`` -> ``polling_interval``."""
-    return _CAMEL_BOUNDARY.sub("_", key).replace("-", "_").lower()
-
-
-def _display_key(key: str) -> str:
-    """The kebab-case spelling used in messages (``polling-interval``)."""
-    return key.replace("_", "-")
-
-
-def _canonical_mapping(data: Any, where: str) -> Any:
-    """Rename every key of ``data`` (if a mapping) to snake_case; two spellings of one key
-    in the same mapping are an error, since it is not clear which one is meant."""
-    if not isinstance(data, dict):
-        return data
-    result: dict[str, Any] = {}
-    spelled: dict[str, str] = {}
-    for key, value in data.items():
-        if not isinstance(key, str):
-            raise ValueError(f"key {key!r}{where} must be a string")
-        canonical = canonical_key(key)
-        if canonical in spelled and spelled[canonical] != key:
-            raise ValueError(
-                f"{spelled[canonical]!r} and {key!r}{where} are the same key in different "
-                "spellings; keep one"
-            )
-        spelled[canonical] = key
-        result[canonical] = value
-    return result
-
-
 def _canonical_tree(value: Any) -> Any:
-    """``_canonical_mapping`` applied at every level (constructor arguments), so that they
+    """``canonical_mapping`` applied at every level (constructor arguments), so that they
     merge key by key with the environment's snake_case keys."""
     if isinstance(value, dict):
-        return {k: _canonical_tree(v) for k, v in _canonical_mapping(value, "").items()}
+        return {k: _canonical_tree(v) for k, v in canonical_mapping(value, "").items()}
     if isinstance(value, list):
         return [_canonical_tree(item) for item in value]
     return value
@@ -143,18 +115,7 @@ def _iso_duration(value: Any) -> Any:
 IsoDuration = Annotated[timedelta, BeforeValidator(_iso_duration)]
 
 
-class _Section(BaseModel):
-    """A settings section whose keys may be snake_case, kebab-case or camelCase."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _canonical_keys(cls, data: Any) -> Any:
-        return _canonical_mapping(data, "")
-
-
-class JobsSettings(_Section):
+class JobsSettings(SettingsSection):
     """``ekbatan.jobs``: the scheduler's knobs (defaults from DESIGN.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -195,115 +156,7 @@ class JobsSettings(_Section):
         return value
 
 
-def mask_url(text: str) -> str:
-    """``scheme://user:secret@host`` and ``password=secret`` with the secrets replaced."""
-    text = re.sub(r"(://[^/:@?#]*:)[^@/?#]*@", r"\1***@", text)
-    return re.sub(r"((?:^|[?&;])password=)[^&;]*", r"\1***", text, flags=re.IGNORECASE)
-
-
-_JDBC = re.compile(r"jdbc:(?P<kind>postgresql|mysql|mariadb)://(?P<rest>.*)", re.IGNORECASE)
-_JDBC_DRIVERS = {
-    "postgresql": "postgresql+asyncpg",
-    "mysql": "mysql+asyncmy",
-    "mariadb": "mariadb+asyncmy",
-}
-
-
-def _from_jdbc(jdbc_url: str) -> URL:
-    """``jdbc:postgresql://host:5432/app?user=u`` -> ``postgresql+asyncpg://u@host:5432/app``."""
-    match = _JDBC.fullmatch(jdbc_url.strip())
-    if match is None:
-        raise ConfigurationError(
-            f"jdbc-url {mask_url(jdbc_url)!r} is not a jdbc:postgresql://, jdbc:mysql:// or "
-            "jdbc:mariadb:// URL with a host; write it as url: "
-            "postgresql+asyncpg://user@host:5432/dbname instead"
-        )
-    driver = _JDBC_DRIVERS[match["kind"].lower()]
-    rest = match["rest"]
-    if "," in rest.split("/", 1)[0]:
-        raise ConfigurationError(
-            f"jdbc-url {mask_url(jdbc_url)!r} names several hosts, which the jobs pool cannot "
-            "use; give one host, or write url: with a SQLAlchemy URL"
-        )
-    try:
-        url = make_url(f"{driver}://{rest}")
-    except Exception:
-        raise ConfigurationError(
-            f"cannot read jdbc-url {mask_url(jdbc_url)!r}; expected "
-            "jdbc:postgresql://host:5432/dbname"
-        ) from None
-    query = dict(url.query)
-    username = query.pop("user", None)
-    password = query.pop("password", None)
-    translated: dict[str, str | tuple[str, ...]] = {}
-    if "sslmode" in query and driver.startswith("postgresql"):
-        translated["ssl"] = query.pop("sslmode")  # asyncpg takes libpq's sslmode values
-    if query:
-        raise ConfigurationError(
-            f"jdbc-url parameters {', '.join(sorted(query))} have no asyncpg/asyncmy "
-            "equivalent here; drop them, or write url: with a SQLAlchemy URL and the "
-            "driver's own options"
-        )
-    return url.set(
-        query=translated,
-        username=username if isinstance(username, str) else url.username,
-        password=password if isinstance(password, str) else url.password,
-    )
-
-
-class DataSourceConfig(_Section):
-    """One ``configs`` slot of a shard member: where a pool connects, and how big it is.
-
-    ``url`` is a SQLAlchemy URL (``postgresql+asyncpg://host:5432/app``); ``jdbc-url`` is
-    accepted for configuration shared with the JVM Ekbatan and translated. The password is a
-    secret: it never appears in ``repr``, logs or ``/jobs``.
-    """
-
-    url: str | None = None
-    jdbc_url: str | None = None
-    username: str | None = None
-    password: SecretStr | None = None
-    maximum_pool_size: int = Field(default=DEFAULT_POOL_SIZE, ge=1)
-
-    @model_validator(mode="after")
-    def _one_url(self) -> DataSourceConfig:
-        if self.url is not None and self.jdbc_url is not None:
-            raise ValueError("give either url or jdbc-url, not both")
-        return self
-
-    def sqlalchemy_url(self) -> URL:
-        """The URL to connect to, with ``username``/``password`` applied (they win)."""
-        if self.jdbc_url is not None:
-            url = _from_jdbc(self.jdbc_url)
-        elif self.url is not None:
-            try:
-                url = make_url(self.url)
-            except Exception:
-                raise ConfigurationError(
-                    f"cannot read url {mask_url(self.url)!r}; expected e.g. "
-                    "postgresql+asyncpg://user@host:5432/dbname"
-                ) from None
-        else:
-            raise ConfigurationError("this config has neither url nor jdbc-url; set one of them")
-        if self.username is not None:
-            url = url.set(username=self.username)
-        if self.password is not None:
-            url = url.set(password=self.password.get_secret_value())
-        return url
-
-    def connection_provider(self) -> ConnectionProvider:
-        """A dedicated pool of ``maximum_pool_size`` connections; connects lazily."""
-        return ConnectionProvider.from_url(self.sqlalchemy_url(), pool_size=self.maximum_pool_size)
-
-    def __repr_args__(self) -> Any:
-        for name, value in super().__repr_args__():
-            if name in ("url", "jdbc_url") and isinstance(value, str):
-                yield name, mask_url(value)
-            else:
-                yield name, value
-
-
-class ShardMember(_Section):
+class ShardMember(SettingsSection):
     """A member of a shard group; its ``configs`` slots name pools (``jobs-config``, ...)."""
 
     configs: dict[str, DataSourceConfig] = Field(default_factory=dict)
@@ -311,20 +164,20 @@ class ShardMember(_Section):
     @field_validator("configs", mode="before")
     @classmethod
     def _canonical_slots(cls, value: Any) -> Any:
-        return _canonical_mapping(value, " in configs")
+        return canonical_mapping(value, " in configs")
 
     def config_for(self, slot: str) -> DataSourceConfig | None:
         """The slot's config; ``jobs_config``, ``jobs-config`` and ``jobsConfig`` are one slot."""
         return self.configs.get(canonical_key(slot))
 
 
-class ShardGroup(_Section):
+class ShardGroup(SettingsSection):
     members: Annotated[list[ShardMember], BeforeValidator(_indexed_list)] = Field(
         default_factory=list
     )
 
 
-class ShardingSettings(_Section):
+class ShardingSettings(SettingsSection):
     """``ekbatan.sharding``: the default shard is ``groups[0]``."""
 
     groups: Annotated[list[ShardGroup], BeforeValidator(_indexed_list)] = Field(
@@ -376,7 +229,7 @@ class EkbatanSettings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _canonical_keys(cls, data: Any) -> Any:
-        return _canonical_mapping(data, "")
+        return canonical_mapping(data, "")
 
     @classmethod
     def settings_customise_sources(
@@ -408,7 +261,7 @@ class EkbatanSettings(BaseSettings):
             found = ""
             if self.sharding.groups and self.sharding.groups[0].members:
                 slots = self.sharding.groups[0].members[0].configs
-                found = f" (that member has {', '.join(map(_display_key, slots)) or 'no'} slots)"
+                found = f" (that member has {', '.join(map(display_key, slots)) or 'no'} slots)"
             raise ConfigurationError(
                 f"no database is configured for the jobs{found}: set {_JOBS_SLOT_PATH}.url "
                 f"(environment: {_JOBS_SLOT_ENV}__URL), e.g. "
@@ -426,8 +279,8 @@ def _interpolate(value: Any, path: str, source: Path) -> Any:
     """Replace ``${VAR}`` / ``${VAR:default}`` in string values; lists become index maps so
     that environment variables (``...__GROUPS__0__...``) merge into them item by item."""
     if isinstance(value, dict):
-        mapped = _canonical_mapping(value, f" at {path} in {source}")
-        return {k: _interpolate(v, f"{path}.{_display_key(k)}", source) for k, v in mapped.items()}
+        mapped = canonical_mapping(value, f" at {path} in {source}")
+        return {k: _interpolate(v, f"{path}.{display_key(k)}", source) for k, v in mapped.items()}
     if isinstance(value, list):
         return {str(i): _interpolate(v, f"{path}[{i}]", source) for i, v in enumerate(value)}
     if isinstance(value, str):
@@ -494,7 +347,7 @@ def _location(loc: tuple[int | str, ...]) -> tuple[str, str]:
         elif "[" in part or "(" in part:
             continue  # pydantic's validator/type markers, not keys
         else:
-            path += f".{_display_key(part)}"
+            path += f".{display_key(part)}"
         env += f"__{str(part).upper()}" if env != "EKBATAN" else f"_{str(part).upper()}"
     return path, env
 
@@ -506,7 +359,7 @@ def _describe(error: ValidationError) -> str:
         path, env = _location(tuple(item["loc"]))
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            known = ", ".join(_display_key(name) for name in JobsSettings.model_fields)
+            known = ", ".join(display_key(name) for name in JobsSettings.model_fields)
             message = f"unknown key; the keys of ekbatan.jobs are {known}"
         lines.append(f"  - {path} (environment: {env}): {message}")
     return "invalid ekbatan settings:\n" + "\n".join(lines)
