@@ -326,10 +326,11 @@ async def test_startup_does_not_wait_for_an_unreachable_database() -> None:
 
 
 async def test_no_database_configured_fails_startup_naming_the_key() -> None:
-    app = FastAPI(lifespan=create_ekbatan_lifespan(jobs=[TockJob], discover=False))
+    app = FastAPI(lifespan=create_ekbatan_lifespan(jobs=[TickJob], discover=False))
     with pytest.raises(ConfigurationError, match=r"configs\.jobs-config\.url"):
         async with running(app):
             pass
+    assert EVENTS == []  # no provider ran
 
 
 async def test_jobs_modules_from_settings_are_imported_and_discovered(

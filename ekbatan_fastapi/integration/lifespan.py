@@ -130,6 +130,9 @@ class EkbatanLifespan:
             if self._registry is not None:
                 registry = self._registry
             else:
+                if self._connection is None:
+                    # A missing or unreadable database setting fails before any provider runs.
+                    settings.jobs_datasource().sqlalchemy_url()
                 jobs = await self._resolve_jobs(app, settings, stack)
                 registry = build_registry(
                     settings, jobs, connection=self._connection, customize=self._customize
