@@ -1,0 +1,1 @@
+"""Benchmarks for ekbatan-fastapi (not part of the test suite's pass/fail; see README.md)."""

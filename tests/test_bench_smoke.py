@@ -1,0 +1,30 @@
+"""Keeps ``bench/throughput.py`` from rotting: a tiny run must complete with matching counts.
+
+No timing is asserted; the benchmark's figures are not part of the suite's pass/fail.
+"""
+
+from __future__ import annotations
+
+from bench.throughput import BenchOptions, run_benchmark, summarize
+
+
+async def test_throughput_harness_completes_with_matching_counts(
+    postgres_server_url: str,
+) -> None:
+    options = BenchOptions(n=200, processes=(1, 2), repeat=1, timeout=60.0, verbose=False)
+    results, info = await run_benchmark(options, postgres_server_url)
+
+    assert [(r.strategy, r.processes) for r in results] == [
+        ("fetch", 1),
+        ("fetch", 2),
+        ("lock-and-fetch", 1),
+        ("lock-and-fetch", 2),
+    ]
+    for result in results:
+        assert result.ok, result.as_dict()
+        assert result.executed == result.distinct == result.recorded == 200
+        assert sum(result.per_worker) == 200
+        assert len(result.per_worker) == result.processes
+        assert result.rate is not None
+    assert all(s.ok_runs == 1 and s.median is not None for s in summarize(results))
+    assert info["server_version"]
