@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .errors import ConfigurationError
 from .repository.base import TaskRepository
+from .repository.mysql import MariaDBRepository, MySQL5Repository, MySQLRepository
 from .repository.postgresql import PostgresRepository
 
 __all__ = [
@@ -35,18 +36,38 @@ _SCHEMES: dict[str, tuple[str, str]] = {
 
 _REPOSITORIES: dict[str, type[TaskRepository]] = {"postgresql": PostgresRepository}
 
+# dialect -> connect_args of the pools built from a URL (a bounded connect, never a hang)
+_CONNECT_ARGS: dict[str, dict[str, Any]] = {"postgresql": {"timeout": 5}}
+
+# dialect -> the pip extra that installs its driver
+_EXTRAS: dict[str, str] = {}
+
 SUPPORTED_URLS: tuple[str, ...] = ("postgresql+asyncpg://",)
 
 
 def register_dialect(
-    dialect: str, repository: type[TaskRepository], schemes: dict[str, str]
+    dialect: str,
+    repository: type[TaskRepository],
+    schemes: dict[str, str],
+    *,
+    connect_args: dict[str, Any] | None = None,
+    extra: str | None = None,
 ) -> None:
-    """Make another dialect known (used by the optional MySQL/MariaDB support)."""
+    """Make another dialect known: its repository, the URL schemes that select it (scheme ->
+    async driver URL; none for a dialect reachable only through ``b.dialect(...)``), the
+    connect arguments of pools built from a URL, and the pip extra that installs its driver.
+
+    Nothing is imported here: the driver is imported when an engine is created.
+    """
     global SUPPORTED_URLS
     _REPOSITORIES[dialect] = repository
     for scheme, driver in schemes.items():
         _SCHEMES[scheme] = (driver, dialect)
-    SUPPORTED_URLS = tuple(sorted({f"{d}://" for d, _ in _SCHEMES.values()}))
+    if connect_args is not None:
+        _CONNECT_ARGS[dialect] = connect_args
+    if extra is not None:
+        _EXTRAS[dialect] = extra
+    SUPPORTED_URLS = tuple(dict.fromkeys(f"{d}://" for d, _ in _SCHEMES.values()))
 
 
 def repository_class(dialect: str) -> type[TaskRepository]:
@@ -95,10 +116,18 @@ class ConnectionProvider:
         if not isinstance(pool_size, int) or pool_size < 1:
             raise ConfigurationError(f"pool_size must be a positive integer, got {pool_size!r}")
         options: dict[str, Any] = {"pool_size": pool_size, "max_overflow": 0, "pool_recycle": 1800}
-        if dialect == "postgresql":
-            options["connect_args"] = {"timeout": 5}
+        if dialect in _CONNECT_ARGS:
+            options["connect_args"] = dict(_CONNECT_ARGS[dialect])
         options.update(engine_kwargs)
-        return cls(create_async_engine(parsed, **options), dialect, owns_engine=True)
+        try:
+            engine = create_async_engine(parsed, **options)
+        except ImportError as error:
+            extra = _EXTRAS.get(dialect)
+            hint = f'pip install "ekbatan-fastapi[{extra}]"' if extra else "install it"
+            raise ConfigurationError(
+                f"the database driver for {driver}:// is not installed ({error}); {hint}"
+            ) from None
+        return cls(engine, dialect, owns_engine=True)
 
     @classmethod
     def from_engine(cls, engine: AsyncEngine, dialect: str | None = None) -> ConnectionProvider:
@@ -137,3 +166,24 @@ def resolve_connection(value: str | URL | AsyncEngine | ConnectionProvider) -> C
         "connection_provider takes a database URL, an AsyncEngine or a ConnectionProvider, "
         f"got {type(value).__name__}"
     )
+
+
+# MySQL 8+ and MariaDB 10.6+ over asyncmy, an optional extra. "mysql5" (MySQL before 8, no
+# SKIP LOCKED) has no URL scheme: a URL cannot tell the server version, so it is reachable only
+# through the override customize_scheduler(lambda b: b.dialect("mysql5")).
+_MYSQL_CONNECT_ARGS = {"connect_timeout": 5}
+register_dialect(
+    "mysql",
+    MySQLRepository,
+    {"mysql": "mysql+asyncmy", "mysql+asyncmy": "mysql+asyncmy"},
+    connect_args=_MYSQL_CONNECT_ARGS,
+    extra="mysql",
+)
+register_dialect(
+    "mariadb",
+    MariaDBRepository,
+    {"mariadb": "mariadb+asyncmy", "mariadb+asyncmy": "mariadb+asyncmy"},
+    connect_args=_MYSQL_CONNECT_ARGS,
+    extra="mysql",
+)
+register_dialect("mysql5", MySQL5Repository, {}, connect_args=_MYSQL_CONNECT_ARGS, extra="mysql")

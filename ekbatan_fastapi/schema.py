@@ -7,6 +7,7 @@ The table is db-scheduler's, verbatim, so that it stays compatible with db-sched
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -22,9 +23,11 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TypeDecorator,
     inspect,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import TypeEngine
 
@@ -32,6 +35,7 @@ from .errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
+    "UTCDateTime",
     "create_schema",
     "metadata",
     "scheduled_tasks",
@@ -53,12 +57,35 @@ def validate_table_name(name: str) -> str:
     return name
 
 
+class UTCDateTime(TypeDecorator[datetime]):
+    """MySQL/MariaDB ``datetime(6)`` holding UTC: aware values are converted to naive UTC on the
+    way in (the drivers would silently drop the offset) and come back aware, in UTC.
+
+    ``datetime`` rather than ``timestamp`` (db-scheduler's choice) because ``timestamp`` is
+    converted through the session time zone, stops at 2038, and MariaDB gives the first
+    ``timestamp NOT NULL`` column an implicit ``ON UPDATE CURRENT_TIMESTAMP``.
+    """
+
+    impl = mysql.DATETIME(fsp=6)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            return value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
 def _key() -> TypeEngine[str]:
     return Text().with_variant(String(100), "mysql", "mariadb")
 
 
 def _timestamp() -> TypeEngine[Any]:
-    return DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+    return DateTime(timezone=True).with_variant(UTCDateTime(), "mysql", "mariadb")
 
 
 def scheduled_tasks_table(name: str = DEFAULT_TABLE_NAME, meta: MetaData | None = None) -> Table:
@@ -100,18 +127,28 @@ metadata = MetaData()
 scheduled_tasks = scheduled_tasks_table(DEFAULT_TABLE_NAME, metadata)
 
 
-async def create_schema(engine: AsyncEngine, table_name: str = DEFAULT_TABLE_NAME) -> bool:
-    """Create the table and its indexes if the table does not exist yet; True if created.
+async def create_schema(
+    engine: AsyncEngine, table_name: str = DEFAULT_TABLE_NAME, *, operations: bool = True
+) -> bool:
+    """Create db-scheduler's table and (unless ``operations=False``) our operations tables
+    (execution history, paused tasks, scheduler instances), each only if it is missing.
+    True if anything was created.
 
-    Equivalent to applying ``migrations/<dialect>/V0001__create_scheduled_tasks.sql``.
+    Equivalent to applying ``migrations/<dialect>/V0001__create_scheduled_tasks.sql`` and
+    ``V0002__ekbatan_operations.sql``.
     """
+    from .operations.tables import OperationsTables
+
     meta = MetaData()
     table = scheduled_tasks_table(table_name, meta)
+    if operations:
+        OperationsTables(meta, table.schema)
+
+    def create(sync_conn: Any) -> bool:
+        inspector = inspect(sync_conn)
+        missing = [t for t in meta.sorted_tables if not inspector.has_table(t.name, t.schema)]
+        meta.create_all(sync_conn, tables=missing)
+        return bool(missing)
+
     async with engine.begin() as conn:
-        exists = await conn.run_sync(
-            lambda sync_conn: inspect(sync_conn).has_table(table.name, schema=table.schema)
-        )
-        if exists:
-            return False
-        await conn.run_sync(meta.create_all)
-        return True
+        return bool(await conn.run_sync(create))

@@ -1,0 +1,510 @@
+"""MySQL 8+ and MariaDB 10.6+ statements (asyncmy), and MySQL before 8 through an override.
+
+Neither database has ``UPDATE ... RETURNING`` or ``UPDATE ... FROM``. Where PostgreSQL answers
+"which rows did this write" in the write itself, a short transaction here first locks and reads
+the rows (in primary-key order, so two writers never wait on each other in a cycle), then
+writes exactly those. Single statements answer with their row count (SQLAlchemy's MySQL
+dialects connect with ``CLIENT_FOUND_ROWS``: matched rows, not changed rows).
+
+Time: the columns are ``datetime(6)`` holding UTC, the database clock is ``UTC_TIMESTAMP(6)``,
+and parameters are sent as naive UTC, so neither the session nor the server time zone matters.
+
+Transactions run on the engine as configured (no per-checkout ``AUTOCOMMIT`` switch: on MySQL
+drivers that costs four extra round trips per statement). Lock-and-fetch and the revival of
+dead executions scan ranges, so their transactions ask for ``READ COMMITTED``: locks on rows
+that do not match are released at once and no gap locks block inserts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy import TextClause, bindparam, insert, literal_column, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql import ColumnElement, Executable
+
+from ..errors import SchemaMissingError
+from ..schema import UTCDateTime
+from .base import PollingStrategy, TaskRepository
+from .model import Finish, FinishKind, NewTask, Owned, PollResult, TaskKey, TaskRow
+
+__all__ = ["MariaDBRepository", "MySQL5Repository", "MySQLRepository"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ER_DUP_ENTRY = 1062
+ER_NO_SUCH_TABLE = 1146
+ER_LOCK_DEADLOCK = 1213
+_DEADLOCK_RETRIES = 5
+_INSERT_RETRIES = 10
+
+_COLUMNS = (
+    "task_name, task_instance, task_data, execution_time, picked, picked_by, last_success, "
+    "last_failure, consecutive_failures, last_heartbeat, version, priority"
+)
+_KEY = "(task_name, task_instance)"
+_OWNED = "(task_name, task_instance, version)"
+_NOW = "UTC_TIMESTAMP(6)"
+_NEXT_DUE = (
+    "(SELECT MIN(execution_time) FROM {t} "
+    f"WHERE picked = 0 AND execution_time > {_NOW} AND task_name IN :names)"
+)
+_DEAD = (
+    f"picked = 1 AND (last_heartbeat IS NULL "
+    f"OR last_heartbeat < {_NOW} - INTERVAL :dead_us MICROSECOND)"
+)
+
+_READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+
+# Fetch, step 1 (no locks): the clock, the next due time and the candidates, in one statement.
+_CANDIDATES = f"""
+SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
+FROM (SELECT {_NOW} AS db_now, {_NEXT_DUE} AS next_due) AS x
+LEFT JOIN (
+    SELECT task_name, task_instance, version, priority, execution_time FROM {{t}}
+    WHERE picked = 0 AND execution_time <= {_NOW} AND task_name IN :names
+    ORDER BY priority DESC, execution_time ASC
+    LIMIT :limit
+) AS c ON TRUE
+ORDER BY c.priority DESC, c.execution_time ASC
+"""
+
+# Fetch, step 2: lock the candidates in key order; those still unpicked at the version we saw
+# are claimed (the optimistic check, made under the row lock).
+_LOCK_KEYS = f"""
+SELECT {_COLUMNS}, {_NOW} AS db_now FROM {{t}}
+WHERE {_KEY} IN :keys
+ORDER BY task_name, task_instance
+FOR UPDATE
+"""
+
+# Lock-and-fetch: lock due rows nobody else holds; claimed by _CLAIM in the same transaction.
+_LOCK_DUE = f"""
+SELECT {_COLUMNS}, {_NOW} AS db_now FROM {{t}}
+WHERE picked = 0 AND execution_time <= {_NOW} AND task_name IN :names
+ORDER BY priority DESC, execution_time ASC
+LIMIT :limit
+FOR UPDATE SKIP LOCKED
+"""
+
+_CLOCK = f"SELECT {_NOW} AS db_now, {_NEXT_DUE} AS next_due"
+
+_CLAIM = f"""
+UPDATE {{t}} SET picked = 1, picked_by = :picked_by, last_heartbeat = :now, version = version + 1
+WHERE {_KEY} IN :keys AND picked = 0
+"""
+
+_LOCK_OWNED = f"""
+SELECT task_name, task_instance, version FROM {{t}}
+WHERE {_KEY} IN :keys
+ORDER BY task_name, task_instance
+FOR UPDATE
+"""
+
+_DELETE = f"DELETE FROM {{t}} WHERE {_KEY} IN :keys"
+
+_RELEASE = f"""
+UPDATE {{t}} SET picked = 0, picked_by = NULL, last_heartbeat = NULL, version = version + 1
+WHERE {_KEY} IN :keys
+"""
+
+# %(next_time)s is a CASE over the batch's keys (NULL for a key without a next time).
+_SUCCEEDED = f"""
+UPDATE {{t}} SET execution_time = COALESCE(%(next_time)s, execution_time),
+    picked = 0, picked_by = NULL, last_heartbeat = NULL,
+    last_success = {_NOW}, consecutive_failures = 0, version = version + 1
+WHERE {_KEY} IN :keys
+"""
+_FAILED = f"""
+UPDATE {{t}} SET execution_time = COALESCE(%(next_time)s, execution_time),
+    picked = 0, picked_by = NULL, last_heartbeat = NULL,
+    last_failure = {_NOW}, consecutive_failures = COALESCE(consecutive_failures, 0) + 1,
+    version = version + 1
+WHERE {_KEY} IN :keys
+"""
+
+_HEARTBEAT = f"""
+UPDATE {{t}} SET last_heartbeat = {_NOW}
+WHERE {_OWNED} IN :owned AND picked = 1
+"""
+_STILL_OWNED = f"SELECT task_name, task_instance FROM {{t}} WHERE {_OWNED} IN :owned AND picked = 1"
+
+_DEAD_CANDIDATES = f"""
+SELECT task_name, task_instance, version FROM {{t}}
+WHERE task_name IN :names AND {_DEAD}
+"""
+_LOCK_DEAD = f"""
+SELECT {_COLUMNS} FROM {{t}}
+WHERE {_OWNED} IN :owned AND {_DEAD}
+ORDER BY task_name, task_instance
+FOR UPDATE%(skip_locked)s
+"""
+
+_EXISTING = f"SELECT task_name, task_instance FROM {{t}} WHERE {_KEY} IN :keys"
+
+_REPLACE = f"""
+UPDATE {{t}} SET execution_time = COALESCE(:time, {_NOW}), task_data = :data,
+    priority = :priority, version = version + 1
+WHERE task_name = :name AND task_instance = :instance AND picked = 0
+"""
+
+
+def _errno(error: DBAPIError) -> int | None:
+    args = getattr(error.orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """A parameter for a ``datetime(6)`` column: naive UTC (drivers drop an offset silently)."""
+    if value is None or value.tzinfo is None:
+        return value
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
+def _text(sql: str, *expanding: str) -> TextClause:
+    """``sql`` with ``expanding`` parameters (lists, or lists of tuples, for ``IN``)."""
+    return text(sql).bindparams(*(bindparam(name, expanding=True) for name in expanding))
+
+
+class MySQLRepository(TaskRepository):
+    """MySQL 8+ (asyncmy): ``FOR UPDATE SKIP LOCKED`` for lock-and-fetch."""
+
+    dialect_name = "mysql"
+    supports_skip_locked = True
+
+    def __init__(self, engine: AsyncEngine, table_name: str) -> None:
+        super().__init__(engine, table_name)
+        if _is_autocommit(engine):
+            # Each statement would commit alone and drop the row locks our claims rely on.
+            self.engine = engine.execution_options(isolation_level="READ COMMITTED")
+            self._read_committed: TextClause | None = None
+        else:
+            self.engine = engine
+            self._read_committed = text(_READ_COMMITTED)
+        quoted = ".".join(f"`{part}`" for part in table_name.split("."))
+
+        def sql(template: str, *expanding: str, **parts: str) -> TextClause:
+            if parts:
+                template = template % parts
+            return _text(template.replace("{t}", quoted), *expanding)
+
+        self._sql = sql
+        self._candidates = sql(_CANDIDATES, "names")
+        self._lock_keys = sql(_LOCK_KEYS, "keys")
+        self._lock_due = sql(_LOCK_DUE, "names")
+        self._clock = sql(_CLOCK, "names")
+        self._claim = sql(_CLAIM, "keys")
+        self._lock_owned = sql(_LOCK_OWNED, "keys")
+        self._delete = sql(_DELETE, "keys")
+        self._release = sql(_RELEASE, "keys")
+        self._heartbeat = sql(_HEARTBEAT, "owned")
+        self._still_owned = sql(_STILL_OWNED, "owned")
+        self._dead_candidates = sql(_DEAD_CANDIDATES, "names")
+        skip = " SKIP LOCKED" if self.supports_skip_locked else ""
+        self._lock_dead = sql(_LOCK_DEAD, "owned", skip_locked=skip)
+        self._existing = sql(_EXISTING, "keys")
+        self._replace = sql(_REPLACE)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def is_missing_table(self, error: DBAPIError) -> bool:
+        return _errno(error) == ER_NO_SUCH_TABLE
+
+    @contextlib.asynccontextmanager
+    async def _errors(self) -> AsyncIterator[None]:
+        try:
+            yield
+        except DBAPIError as error:
+            if self.is_missing_table(error):
+                raise self.missing_table_error() from error
+            raise
+
+    async def _transaction(
+        self, work: Callable[[AsyncConnection], Awaitable[T]], *, read_committed: bool = False
+    ) -> T:
+        """Run ``work`` in one transaction and commit; a deadlock victim is run again."""
+        for attempt in range(1, _DEADLOCK_RETRIES + 1):
+            try:
+                async with self._errors(), self.engine.connect() as conn:
+                    if read_committed and self._read_committed is not None:
+                        await conn.execute(self._read_committed)
+                    result = await work(conn)
+                    await conn.commit()
+                    return result
+            except DBAPIError as error:
+                if _errno(error) != ER_LOCK_DEADLOCK or attempt == _DEADLOCK_RETRIES:
+                    raise
+                log.debug("deadlock on %s (attempt %d); retrying", self.table_name, attempt)
+        raise AssertionError("unreachable")
+
+    async def _write(self, stmt: Executable, params: Any = None) -> int:
+        async def run(conn: AsyncConnection) -> int:
+            return int((await conn.execute(stmt, params)).rowcount)
+
+        return await self._transaction(run)
+
+    async def _rowcount(self, stmt: Executable, params: Any = None) -> int:
+        """Shared statements that write: committed explicitly (the engine is not AUTOCOMMIT)."""
+        return await self._write(stmt, params)
+
+    def now_expr(self) -> ColumnElement[datetime]:
+        """``UTC_TIMESTAMP(6)``: ``NOW()`` would follow the session time zone."""
+        return literal_column(_NOW, UTCDateTime())
+
+    # -- startup and the client -------------------------------------------------------------
+
+    async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
+        """Read which keys exist, insert the others with a plain ``INSERT``; when a peer
+        inserted one of them meanwhile the statement fails as a whole (duplicate key) and the
+        two steps run again, so the answer is exact. (No ``INSERT IGNORE``: it would also turn
+        a too-long value into a silent truncation.)"""
+        unique: dict[TaskKey, NewTask] = {}
+        for task in tasks:
+            unique.setdefault((task.task_name, task.task_instance), task)
+        if not unique:
+            return []
+        for _ in range(_INSERT_RETRIES):
+            async with self._errors(), self.engine.connect() as conn:
+                result = await conn.execute(self._existing, {"keys": list(unique)})
+                existing = {(r[0], r[1]) for r in result}
+            missing = sorted(key for key in unique if key not in existing)
+            if not missing:
+                return []
+            rows = [self._values(unique[key]) for key in missing]
+            try:
+                await self._write(insert(self.table).values(rows))
+            except DBAPIError as error:
+                if _errno(error) != ER_DUP_ENTRY:
+                    raise
+                continue
+            return missing
+        raise RuntimeError(
+            f"insert_missing into {self.table_name}: peers kept inserting the same keys"
+        )
+
+    def _values(self, task: NewTask) -> dict[str, Any]:
+        return {
+            "task_name": task.task_name,
+            "task_instance": task.task_instance,
+            "task_data": task.task_data,
+            "execution_time": (
+                task.execution_time if task.execution_time is not None else self.now_expr()
+            ),
+            "picked": False,
+            "version": 1,
+            "priority": task.priority,
+        }
+
+    async def upsert(self, task: NewTask, *, replace: bool) -> bool:
+        """``task.execution_time`` None means the database's now."""
+        params = {
+            "name": task.task_name,
+            "instance": task.task_instance,
+            "data": task.task_data,
+            "time": _utc(task.execution_time),
+            "priority": task.priority,
+        }
+        if replace and await self._write(self._replace, params) == 1:
+            return True
+        try:
+            await self._write(insert(self.table).values(self._values(task)))
+            return True
+        except DBAPIError as error:
+            if _errno(error) != ER_DUP_ENTRY:
+                raise
+        # A peer inserted it between our two statements: replace it unless it is picked.
+        return replace and await self._write(self._replace, params) == 1
+
+    # -- the hot path -----------------------------------------------------------------------
+
+    async def poll(
+        self, names: Sequence[str], limit: int, picked_by: str, strategy: str
+    ) -> PollResult:
+        """As the base says; ``next_due`` is None when the batch came back full (the poller
+        polls again at once and does not read it)."""
+        if strategy == PollingStrategy.LOCK_AND_FETCH:
+            if not self.supports_skip_locked:
+                raise ValueError(f"{self.dialect_name} has no FOR UPDATE SKIP LOCKED")
+            return await self._lock_and_fetch(list(names), limit, picked_by)
+        async with self._errors(), self.engine.connect() as conn:
+            rows = list(
+                await conn.execute(self._candidates, {"names": list(names), "limit": limit})
+            )
+        db_now = self._aware(rows[0]._mapping["db_now"])
+        next_due = self.aware(rows[0]._mapping["next_due"])
+        seen = {(r[2], r[3]): int(r[4]) for r in rows if r[2] is not None}
+        if not seen:
+            return PollResult([], db_now, next_due)
+
+        async def claim(conn: AsyncConnection) -> list[TaskRow]:
+            locked = await conn.execute(self._lock_keys, {"keys": list(seen)})
+            ours = [
+                r
+                for r in locked
+                if not r._mapping["picked"]
+                and seen.get((r._mapping["task_name"], r._mapping["task_instance"]))
+                == r._mapping["version"]
+            ]
+            return await self._claim_locked(conn, ours, picked_by)
+
+        claimed = await self._transaction(claim)
+        return PollResult(claimed, db_now, next_due)
+
+    async def _lock_and_fetch(self, names: list[str], limit: int, picked_by: str) -> PollResult:
+        async def run(conn: AsyncConnection) -> PollResult:
+            locked = list(await conn.execute(self._lock_due, {"names": names, "limit": limit}))
+            claimed = await self._claim_locked(conn, locked, picked_by)
+            if locked and len(locked) >= limit:
+                return PollResult(claimed, self._aware(locked[0]._mapping["db_now"]), None)
+            clock = (await conn.execute(self._clock, {"names": names})).one()
+            return PollResult(claimed, self._aware(clock[0]), self.aware(clock[1]))
+
+        return await self._transaction(run, read_committed=True)
+
+    async def _claim_locked(
+        self, conn: AsyncConnection, locked: Sequence[Any], picked_by: str
+    ) -> list[TaskRow]:
+        """Claim rows this transaction holds locked; the rows as the claim leaves them."""
+        if not locked:
+            return []
+        now = locked[0]._mapping["db_now"]
+        keys = [(r._mapping["task_name"], r._mapping["task_instance"]) for r in locked]
+        updated = await conn.execute(
+            self._claim, {"keys": keys, "picked_by": picked_by, "now": now}
+        )
+        if updated.rowcount != len(keys):  # cannot happen: the rows are locked and unpicked
+            raise RuntimeError(f"claimed {updated.rowcount} of {len(keys)} locked rows")
+        claimed_at = self._aware(now)
+        return [
+            dataclasses.replace(
+                self.to_row(r),
+                picked=True,
+                picked_by=picked_by,
+                last_heartbeat=claimed_at,
+                version=int(r._mapping["version"]) + 1,
+            )
+            for r in locked
+        ]
+
+    async def finish(self, items: Sequence[Finish]) -> set[TaskKey]:
+        """Lock the rows in key order, keep those still at our version, then delete or update
+        them (one statement per kind of result)."""
+        if not items:
+            return set()
+        by_key = {i.owned.key: i for i in items}
+
+        async def run(conn: AsyncConnection) -> set[TaskKey]:
+            locked = await conn.execute(self._lock_owned, {"keys": list(by_key)})
+            ours = {
+                (r[0], r[1]): by_key[(r[0], r[1])]
+                for r in locked
+                if by_key[(r[0], r[1])].owned.version == r[2]
+            }
+            groups: dict[FinishKind, list[Finish]] = {}
+            for item in ours.values():
+                groups.setdefault(item.kind, []).append(item)
+            for kind, group in groups.items():
+                await conn.execute(*self._finish_statement(kind, group))
+            return set(ours)
+
+        return await self._transaction(run)
+
+    def _finish_statement(
+        self, kind: FinishKind, group: list[Finish]
+    ) -> tuple[Executable, dict[str, Any]]:
+        params: dict[str, Any] = {"keys": [i.owned.key for i in group]}
+        if kind is FinishKind.DELETED:
+            return self._delete, params
+        if kind is FinishKind.RELEASED:
+            return self._release, params
+        whens = []
+        for n, item in enumerate(group):
+            if item.next_time is not None:
+                whens.append(
+                    f"WHEN task_name = :n{n} AND task_instance = :i{n} "
+                    f"THEN CAST(:t{n} AS DATETIME(6))"
+                )
+                params.update(
+                    {
+                        f"n{n}": item.owned.task_name,
+                        f"i{n}": item.owned.task_instance,
+                        f"t{n}": _utc(item.next_time),
+                    }
+                )
+        next_time = f"CASE {' '.join(whens)} END" if whens else "NULL"
+        template = _SUCCEEDED if kind is FinishKind.SUCCEEDED else _FAILED
+        return self._sql(template, "keys", next_time=next_time), params
+
+    async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
+        """One update; only when it matched fewer rows than asked, a read says which are still
+        ours (a version only grows, so a row missed by the update cannot match the read)."""
+        if not owned:
+            return set()
+        keys = [(o.task_name, o.task_instance, o.version) for o in owned]
+        if await self._write(self._heartbeat, {"owned": keys}) == len(set(keys)):
+            return {o.key for o in owned}
+        async with self._errors(), self.engine.connect() as conn:
+            result = await conn.execute(self._still_owned, {"owned": keys})
+            return {(r[0], r[1]) for r in result}
+
+    async def revive_dead(self, names: Sequence[str], dead_after: timedelta) -> list[TaskRow]:
+        """A plain read finds candidates (the usual answer is none); a transaction then locks
+        them in key order, checks again that they are dead at the version seen, and unpicks."""
+        if not names:
+            return []
+        dead_us = dead_after // timedelta(microseconds=1)
+        async with self._errors(), self.engine.connect() as conn:
+            result = await conn.execute(
+                self._dead_candidates, {"names": list(names), "dead_us": dead_us}
+            )
+            candidates = [(r[0], r[1], int(r[2])) for r in result]
+        if not candidates:
+            return []
+
+        async def run(conn: AsyncConnection) -> list[TaskRow]:
+            locked = list(
+                await conn.execute(self._lock_dead, {"owned": candidates, "dead_us": dead_us})
+            )
+            if locked:
+                keys = [(r._mapping["task_name"], r._mapping["task_instance"]) for r in locked]
+                await conn.execute(self._release, {"keys": keys})
+            return [self.to_row(r) for r in locked]
+
+        return await self._transaction(run, read_committed=True)
+
+    def _aware(self, value: datetime | None) -> datetime:
+        aware = self.aware(value)
+        assert aware is not None
+        return aware
+
+
+class MariaDBRepository(MySQLRepository):
+    """MariaDB 10.6+ (asyncmy): the MySQL statements; ``SKIP LOCKED`` exists from 10.6."""
+
+    dialect_name = "mariadb"
+
+
+class MySQL5Repository(MySQLRepository):
+    """MySQL before 8 (and MariaDB before 10.6): no ``SKIP LOCKED``, so the optimistic
+    ``fetch`` strategy only. Reachable only through ``b.dialect("mysql5")``."""
+
+    dialect_name = "mysql5"
+    supports_skip_locked = False
+
+    def missing_table_error(self) -> SchemaMissingError:
+        message = str(super().missing_table_error())
+        return SchemaMissingError(message.replace("migrations/mysql5/", "migrations/mysql/"))
+
+
+def _is_autocommit(engine: AsyncEngine) -> bool:
+    configured = engine.get_execution_options().get("isolation_level")
+    on_connect = getattr(engine.dialect, "_on_connect_isolation_level", None)
+    return "AUTOCOMMIT" in (configured, on_connect)
