@@ -6,6 +6,9 @@ session. ``EKBATAN_TEST_POSTGRES_URL`` points the suite at another server instea
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import os
 import tempfile
 import uuid
@@ -15,10 +18,12 @@ from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
-from ekbatan_fastapi import create_schema
+from ekbatan_fastapi import PollingStrategy, create_schema
 from ekbatan_fastapi.embedded import start_embedded_postgres
 
 from .helpers import RegistryFactory
@@ -95,5 +100,177 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 async def registries(database_url: str, engine: AsyncEngine) -> AsyncIterator[RegistryFactory]:
     """Builds registries on the test database; stops them and checks their pools afterwards."""
     factory = RegistryFactory(database_url)
+    yield factory
+    await factory.close()
+
+
+# -- every available database: the contract suite ----------------------------------------
+#
+# ``any_database_url`` / ``any_engine`` / ``any_registries`` run a test once per database:
+# embedded PostgreSQL (always), the PostgreSQL server named by EKBATAN_TEST_POSTGRES_URL, and
+# the MySQL/MariaDB server named by EKBATAN_TEST_MYSQL_URL, both as the URL says (MySQL 8+ /
+# MariaDB 10.6+ SQL) and through the "mysql5" override (no SKIP LOCKED). Without a variable its
+# cases skip, naming it. MySQL sessions run at time_zone -08:00: nothing may depend on it.
+
+MYSQL_URL_VARIABLE = "EKBATAN_TEST_MYSQL_URL"
+POSTGRES_URL_VARIABLE = "EKBATAN_TEST_POSTGRES_URL"
+MYSQL_SESSION_TIME_ZONE = "-08:00"
+
+
+@dataclasses.dataclass(frozen=True)
+class Database:
+    """The fresh database one contract test runs on."""
+
+    id: str
+    """``postgresql-embedded``, ``postgresql``, ``mysql`` or ``mysql5``."""
+    url: str
+    dialect: str
+    """The repository dialect registries use: ``postgresql``, ``mysql``, ``mariadb``, ``mysql5``."""
+
+    @property
+    def is_mysql(self) -> bool:
+        return self.dialect in ("mysql", "mariadb", "mysql5")
+
+    @property
+    def override(self) -> str | None:
+        """The ``b.dialect(...)`` override registries need (the URL cannot say it)."""
+        return "mysql5" if self.dialect == "mysql5" else None
+
+    @property
+    def migrations(self) -> str:
+        """The folder under ``migrations/`` for this database."""
+        return "mysql" if self.dialect == "mysql5" else self.dialect
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        return ("fetch",) if self.dialect == "mysql5" else PollingStrategy.ALL
+
+
+@pytest.fixture(scope="session")
+def embedded_postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """An embedded PostgreSQL, whether or not an external server is configured too."""
+    if not os.environ.get(POSTGRES_URL_VARIABLE):
+        yield request.getfixturevalue("postgres_server_url")  # that one is embedded
+        return
+    base = Path(tempfile.mkdtemp(prefix="ekbatan-test-pg-"))
+    server = start_embedded_postgres(base / "data", delete_on_cleanup=True)
+    server.psql("ALTER SYSTEM SET fsync = off; ALTER SYSTEM SET synchronous_commit = off;")
+    server.psql("ALTER SYSTEM SET max_connections = 300;")
+    server.psql("SELECT pg_reload_conf();")
+    yield server.url("postgres")
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def external_postgres_url() -> str:
+    url = os.environ.get(POSTGRES_URL_VARIABLE)
+    if not url:
+        pytest.skip(f"set {POSTGRES_URL_VARIABLE} to run on a PostgreSQL server")
+    return make_url(url).set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def mysql_server_url() -> str:
+    url = os.environ.get(MYSQL_URL_VARIABLE)
+    if not url:
+        pytest.skip(
+            f"set {MYSQL_URL_VARIABLE} (e.g. mysql+asyncmy://root@127.0.0.1:3306/test) "
+            "to run on MySQL/MariaDB"
+        )
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    return parsed.set(drivername=f"{backend}+asyncmy").render_as_string(hide_password=False)
+
+
+@contextlib.asynccontextmanager
+async def _fresh_postgres_database(server_url: str) -> AsyncIterator[str]:
+    name = f"ekbatan_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+class _DriverWarnings(logging.Handler):
+    """asyncmy reports server warnings (SHOW WARNINGS) as log records: none may appear."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.asynccontextmanager
+async def fresh_mysql_database(server_url: str) -> AsyncIterator[str]:
+    """An empty database on the MySQL/MariaDB server (sessions at time_zone -08:00)."""
+    name = f"ekbatan_{uuid.uuid4().hex[:12]}"
+    admin = create_async_engine(server_url, poolclass=NullPool)
+    try:
+        async with admin.begin() as conn:
+            await conn.execute(text(f"CREATE DATABASE `{name}`"))
+        warnings = _DriverWarnings()
+        logging.getLogger("asyncmy").addHandler(warnings)
+        try:
+            url = make_url(server_url).update_query_dict(
+                {"init_command": f"SET time_zone = '{MYSQL_SESSION_TIME_ZONE}'"}
+            )
+            yield url.set(database=name).render_as_string(hide_password=False)
+        finally:
+            logging.getLogger("asyncmy").removeHandler(warnings)
+            async with admin.begin() as conn:
+                await conn.execute(text(f"DROP DATABASE `{name}`"))
+        assert warnings.messages == [], f"the server sent warnings: {warnings.messages}"
+    finally:
+        await admin.dispose()
+
+
+@pytest.fixture(params=["postgresql-embedded", "postgresql", "mysql", "mysql5"])
+async def any_database(request: pytest.FixtureRequest) -> AsyncIterator[Database]:
+    """A fresh, empty database on each available server; dropped afterwards."""
+    kind: str = request.param
+    if kind.startswith("postgresql"):
+        server = request.getfixturevalue(
+            "embedded_postgres_url" if kind == "postgresql-embedded" else "external_postgres_url"
+        )
+        async with _fresh_postgres_database(server) as url:
+            yield Database(kind, url, "postgresql")
+        return
+    server = request.getfixturevalue("mysql_server_url")
+    dialect = "mysql5" if kind == "mysql5" else make_url(server).get_backend_name()
+    async with fresh_mysql_database(server) as url:
+        yield Database(kind, url, dialect)
+
+
+@pytest.fixture
+def any_database_url(any_database: Database) -> str:
+    return any_database.url
+
+
+@pytest.fixture
+async def any_engine(any_database: Database) -> AsyncIterator[AsyncEngine]:
+    """An engine on the test database, with ``scheduled_tasks`` created; checked for leaks."""
+    eng = create_async_engine(any_database.url, pool_size=5, max_overflow=5)
+    await create_schema(eng)
+    yield eng
+    checked_out = eng.pool.checkedout()  # type: ignore[attr-defined]
+    await eng.dispose()
+    assert checked_out == 0, f"{checked_out} pooled connections were left checked out"
+
+
+@pytest.fixture
+async def any_registries(
+    any_database: Database, any_engine: AsyncEngine
+) -> AsyncIterator[RegistryFactory]:
+    """Builds registries on the test database (with the dialect override it needs)."""
+    factory = RegistryFactory(any_database.url, dialect=any_database.override)
     yield factory
     await factory.close()

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import (
     DistributedJob,
@@ -38,6 +41,18 @@ async def wait_until(
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         await asyncio.sleep(0.01)
+
+
+def is_mysql(engine: AsyncEngine) -> bool:
+    return engine.dialect.name in ("mysql", "mariadb")
+
+
+async def db_now(engine: AsyncEngine) -> datetime:
+    """The database's clock in UTC, on any dialect (MySQL's NOW() follows the session zone)."""
+    sql = "SELECT UTC_TIMESTAMP(6)" if is_mysql(engine) else "SELECT now()"
+    async with engine.connect() as conn:
+        value: datetime = (await conn.execute(text(sql))).scalar_one()
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 class RecordingJob(DistributedJob):
@@ -94,8 +109,10 @@ class CountingJob(OneTimeJob):
 class RegistryFactory:
     """Builds registries with test-sized intervals; closes them and checks their pools."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, dialect: str | None = None) -> None:
         self.url = url
+        self.dialect = dialect
+        """A ``b.dialect(...)`` override applied to every registry (e.g. ``"mysql5"``)."""
         self.made: list[JobRegistry] = []
 
     def build(
@@ -114,7 +131,12 @@ class RegistryFactory:
             .poll_interval(timedelta(seconds=poll))
             .heartbeat_interval(timedelta(seconds=heartbeat))
             .shutdown_max_wait(timedelta(seconds=shutdown))
+            # a 1 s dead window: short, yet no false revival on a loaded 2-core machine
+            .customize_scheduler(lambda b: b.missed_heartbeats_limit(10))
         )
+        if self.dialect is not None:
+            dialect = self.dialect
+            builder.customize_scheduler(lambda b: b.dialect(dialect))
         if customize is not None:
             builder.customize_scheduler(customize)
         registry = builder.build()
@@ -186,8 +208,9 @@ class TcpProxy:
 
         url = make_url(database_url)
         socket_dir = url.query.get("host")
-        self._unix = f"{socket_dir}/.s.PGSQL.{url.port or 5432}" if socket_dir else None
-        self._target = (url.host or "127.0.0.1", url.port or 5432)
+        port = url.port or (3306 if url.get_backend_name() in ("mysql", "mariadb") else 5432)
+        self._unix = f"{socket_dir}/.s.PGSQL.{port}" if socket_dir else None
+        self._target = (url.host or "127.0.0.1", port)
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         import socket

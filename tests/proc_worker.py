@@ -4,6 +4,7 @@ Modes:
   slots  a 200 ms fixed-rate job that inserts its slot into ``ledger`` (slot is UNIQUE)
   long   a job that records its start in ``starts`` and then runs until the process dies
 It prints READY once its scheduler reached the database, and stops gracefully on SIGTERM.
+The two tables are described by ``LEDGERS`` (portable over every dialect; tests create them).
 """
 
 from __future__ import annotations
@@ -13,12 +14,34 @@ import asyncio
 import logging
 import os
 import signal
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import text
+from sqlalchemy import Column, DateTime, Integer, MetaData, Table, insert
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.types import TypeEngine
 
 from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules, job_registry
+from ekbatan_fastapi.schema import UTCDateTime
+
+
+def _timestamp() -> TypeEngine[datetime]:
+    return DateTime(timezone=True).with_variant(UTCDateTime(), "mysql", "mariadb")
+
+
+LEDGERS = MetaData()
+ledger = Table(
+    "ledger",
+    LEDGERS,
+    Column("slot", _timestamp(), primary_key=True),
+    Column("pid", Integer, nullable=False),
+)
+starts = Table(
+    "starts",
+    LEDGERS,
+    Column("slot", _timestamp()),
+    Column("pid", Integer),
+    Column("started", _timestamp()),
+)
 
 
 class SlotsJob(DistributedJob):
@@ -34,10 +57,7 @@ class SlotsJob(DistributedJob):
 
     async def execute(self, ctx: ExecutionContext) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(
-                text("INSERT INTO ledger (slot, pid) VALUES (:slot, :pid)"),
-                {"slot": ctx.execution_time, "pid": os.getpid()},
-            )
+            await conn.execute(insert(ledger).values(slot=ctx.execution_time, pid=os.getpid()))
 
 
 class LongJob(DistributedJob):
@@ -53,8 +73,9 @@ class LongJob(DistributedJob):
     async def execute(self, ctx: ExecutionContext) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(
-                text("INSERT INTO starts (slot, pid, started) VALUES (:slot, :pid, now())"),
-                {"slot": ctx.execution_time, "pid": os.getpid()},
+                insert(starts).values(
+                    slot=ctx.execution_time, pid=os.getpid(), started=datetime.now(UTC)
+                )
             )
         await asyncio.sleep(3600)
 
@@ -66,6 +87,7 @@ async def main() -> None:
     parser.add_argument("--heartbeat", type=float, default=0.2)
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--period", type=float, default=0.2)
+    parser.add_argument("--dialect", default=None, help="a b.dialect(...) override")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[{os.getpid()}] %(levelname)s %(message)s")
     engine = create_async_engine(args.url, pool_size=2)
@@ -78,6 +100,7 @@ async def main() -> None:
         .heartbeat_interval(timedelta(seconds=args.heartbeat))
         .shutdown_max_wait(timedelta(seconds=1))
         .customize_scheduler(lambda b: b.missed_heartbeats_limit(4))
+        .customize_scheduler(lambda b: b.dialect(args.dialect) if args.dialect else None)
         .build()
     )
     stop = asyncio.Event()

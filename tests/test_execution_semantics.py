@@ -1,11 +1,11 @@
-"""Failures, missed slots and unresolved rows, against a real database."""
+"""Failures, missed slots and unresolved rows, on every available database."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import text
+from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import (
@@ -14,37 +14,50 @@ from ekbatan_fastapi import (
     OneTimeJob,
     RetryLater,
     Schedules,
+    scheduled_tasks,
 )
 from ekbatan_fastapi.failure import FailureHandler
 
-from .helpers import RecordingJob, RegistryFactory, wait_until
+from .helpers import RecordingJob, RegistryFactory, db_now, wait_until
+
+T = scheduled_tasks
 
 
 async def _row(engine: AsyncEngine, name: str, instance: str = "recurring") -> object:
     async with engine.connect() as conn:
         result = await conn.execute(
-            text("SELECT * FROM scheduled_tasks WHERE task_name = :n AND task_instance = :i"),
-            {"n": name, "i": instance},
+            select(T).where(T.c.task_name == name, T.c.task_instance == instance)
         )
         return result.one_or_none()
 
 
+async def _insert(engine: AsyncEngine, *rows: tuple[str, str, datetime]) -> None:
+    values = [
+        {"task_name": n, "task_instance": i, "execution_time": at, "picked": False, "version": 1}
+        for n, i, at in rows
+    ]
+    async with engine.begin() as conn:
+        await conn.execute(insert(T), values)
+
+
 async def test_failure_counts_reschedules_and_success_resets(
-    registries: RegistryFactory, engine: AsyncEngine
+    any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     flaky = RecordingJob("flaky", Schedules.fixed_delay(timedelta(milliseconds=50)), fail=True)
     steady = RecordingJob("steady", Schedules.fixed_delay(timedelta(milliseconds=50)))
-    registry = await registries.start(flaky, steady)
+    registry = await any_registries.start(flaky, steady)
     await wait_until(lambda: len(flaky.slots) >= 3, what="three failures")
-    await wait_until(lambda: _failures_at_least(engine, 3), what="consecutive_failures reaching 3")
-    row = await _row(engine, "flaky")
+    await wait_until(
+        lambda: _failures_at_least(any_engine, 3), what="consecutive_failures reaching 3"
+    )
+    row = await _row(any_engine, "flaky")
     assert row.last_failure is not None and row.last_success is None  # type: ignore[attr-defined]
     assert row.execution_time > row.last_failure - timedelta(seconds=1)  # type: ignore[attr-defined]
     assert len(steady.slots) >= 3, "a failing job never stops the others"
     assert registry.status().loop_restarts == 0
     flaky.fail = False
-    await wait_until(lambda: _succeeded(engine), what="a success resetting the counter")
-    row = await _row(engine, "flaky")
+    await wait_until(lambda: _succeeded(any_engine), what="a success resetting the counter")
+    row = await _row(any_engine, "flaky")
     assert row.consecutive_failures == 0 and row.last_failure is not None  # type: ignore[attr-defined]
 
 
@@ -75,12 +88,12 @@ class Failing(OneTimeJob):
 
 
 async def test_one_time_failure_retries_then_gives_up(
-    registries: RegistryFactory, engine: AsyncEngine
+    any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     job = Failing(MaxRetries(2, RetryLater(timedelta(milliseconds=20))))
-    registry = await registries.start(job)
+    registry = await any_registries.start(job)
     await registry.client.schedule("failing", "x")
-    await wait_until(lambda: _gone(engine), what="the instance given up and deleted")
+    await wait_until(lambda: _gone(any_engine), what="the instance given up and deleted")
     assert job.attempts == [0, 1, 2]
 
 
@@ -89,44 +102,32 @@ async def _gone(engine: AsyncEngine) -> bool:
 
 
 async def test_missed_daily_slot_runs_once_then_continues_from_the_next_future_slot(
-    registries: RegistryFactory, engine: AsyncEngine
+    any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     last_slot = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
     slot_time = last_slot.time()
     missed = last_slot - timedelta(days=3)
-    async with engine.begin() as conn:  # every node was down for three days
-        await conn.execute(
-            text(
-                "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, picked, "
-                "version) VALUES ('daily', 'recurring', :t, false, 1)"
-            ),
-            {"t": missed},
-        )
+    await _insert(any_engine, ("daily", "recurring", missed))  # every node was down 3 days
     job = RecordingJob("daily", Schedules.daily(slot_time))
-    await registries.start(job)
-    await wait_until(lambda: _succeeded_row(engine, "daily"), what="the missed slot run")
+    await any_registries.start(job)
+    await wait_until(lambda: _succeeded_row(any_engine, "daily"), what="the missed slot run")
     await asyncio.sleep(0.3)
     assert job.slots == [missed], "the missed slots are coalesced into one run"
-    row = await _row(engine, "daily")
+    row = await _row(any_engine, "daily")
     expected_next = last_slot + timedelta(days=1)
     assert row.execution_time == expected_next  # type: ignore[attr-defined]
 
 
-async def test_missed_cron_slot_runs_once(registries: RegistryFactory, engine: AsyncEngine) -> None:
+async def test_missed_cron_slot_runs_once(
+    any_registries: RegistryFactory, any_engine: AsyncEngine
+) -> None:
     missed = datetime(2020, 1, 1, 0, 0, tzinfo=UTC)
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, picked, "
-                "version) VALUES ('nightly', 'recurring', :t, false, 1)"
-            ),
-            {"t": missed},
-        )
+    await _insert(any_engine, ("nightly", "recurring", missed))
     job = RecordingJob("nightly", Schedules.cron("0 0 * * *"))
-    await registries.start(job)
-    await wait_until(lambda: _succeeded_row(engine, "nightly"), what="the missed slot run")
+    await any_registries.start(job)
+    await wait_until(lambda: _succeeded_row(any_engine, "nightly"), what="the missed slot run")
     assert job.slots == [missed]
-    row = await _row(engine, "nightly")
+    row = await _row(any_engine, "nightly")
     tomorrow = datetime.now(UTC).date() + timedelta(days=1)
     assert row.execution_time == datetime.combine(tomorrow, datetime.min.time(), UTC)  # type: ignore[attr-defined]
 
@@ -137,21 +138,19 @@ async def _succeeded_row(engine: AsyncEngine, name: str) -> bool:
 
 
 async def test_unresolved_rows_are_never_picked_and_old_ones_are_deleted(
-    registries: RegistryFactory, engine: AsyncEngine
+    any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, picked, "
-                "version) VALUES ('gone-job', 'fresh', now(), false, 1), "
-                "('gone-job', 'ancient', now() - interval '15 days', false, 1)"
-            )
-        )
+    now = await db_now(any_engine)
+    await _insert(
+        any_engine,
+        ("gone-job", "fresh", now),
+        ("gone-job", "ancient", now - timedelta(days=15)),
+    )
     job = RecordingJob("known", Schedules.fixed_delay(timedelta(milliseconds=50)))
-    await registries.start(job)
+    await any_registries.start(job)
     await wait_until(lambda: len(job.slots) >= 3, what="the known job running")
-    await wait_until(lambda: _row_absent(engine, "gone-job", "ancient"), what="deletion")
-    fresh = await _row(engine, "gone-job", "fresh")
+    await wait_until(lambda: _row_absent(any_engine, "gone-job", "ancient"), what="deletion")
+    fresh = await _row(any_engine, "gone-job", "fresh")
     assert fresh is not None and not fresh.picked and fresh.version == 1  # type: ignore[attr-defined]
 
 

@@ -1,4 +1,4 @@
-"""Cluster behaviour across separate OS processes on one real database."""
+"""Cluster behaviour across separate OS processes, on every available database."""
 
 from __future__ import annotations
 
@@ -8,34 +8,42 @@ import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ekbatan_fastapi import scheduled_tasks
+
+from .conftest import Database
 from .helpers import Worker, wait_until
+from .proc_worker import LEDGERS, ledger, starts
 
 pytestmark = pytest.mark.slow
 
 
+def _worker_args(database: Database) -> list[str]:
+    return ["--dialect", database.override] if database.override else []
+
+
 async def test_three_processes_run_each_200ms_slot_exactly_once(
-    database_url: str, engine: AsyncEngine
+    any_database: Database, any_engine: AsyncEngine
 ) -> None:
-    async with engine.begin() as conn:
-        await conn.execute(
-            text("CREATE TABLE ledger (slot timestamptz PRIMARY KEY, pid int NOT NULL)")
-        )
-    workers = await asyncio.gather(*(Worker.start("slots", database_url) for _ in range(3)))
+    async with any_engine.begin() as conn:
+        await conn.run_sync(LEDGERS.create_all, tables=[ledger])
+    args = _worker_args(any_database)
+    workers = await asyncio.gather(
+        *(Worker.start("slots", any_database.url, *args) for _ in range(3))
+    )
     try:
         await asyncio.sleep(10)  # the issue's 10 s window: a soak, not a timing assertion
     finally:
         codes = [await w.stop() for w in workers]
     assert codes == [0, 0, 0]
-    async with engine.connect() as conn:
-        slots = [r[0] for r in await conn.execute(text("SELECT slot FROM ledger ORDER BY slot"))]
-        pids = {r[0] for r in await conn.execute(text("SELECT DISTINCT pid FROM ledger"))}
+    t = scheduled_tasks
+    async with any_engine.connect() as conn:
+        slots = [r[0] for r in await conn.execute(select(ledger.c.slot).order_by(ledger.c.slot))]
+        pids = {r[0] for r in await conn.execute(select(ledger.c.pid).distinct())}
         row = (
-            await conn.execute(
-                text("SELECT consecutive_failures, last_failure, picked FROM scheduled_tasks")
-            )
+            await conn.execute(select(t.c.consecutive_failures, t.c.last_failure, t.c.picked))
         ).one()
     # A unique violation would have failed an execution: none did.
     assert row.last_failure is None and not row.picked
@@ -49,33 +57,32 @@ async def test_three_processes_run_each_200ms_slot_exactly_once(
 
 
 async def test_killed_execution_is_revived_elsewhere_with_the_same_slot(
-    database_url: str, engine: AsyncEngine
+    any_database: Database, any_engine: AsyncEngine
 ) -> None:
     heartbeat, limit = 0.2, 4
-    async with engine.begin() as conn:
-        await conn.execute(
-            text("CREATE TABLE starts (slot timestamptz, pid int, started timestamptz)")
-        )
+    async with any_engine.begin() as conn:
+        await conn.run_sync(LEDGERS.create_all, tables=[starts])
 
-    async def starts() -> list[tuple[object, int, object]]:
-        async with engine.connect() as conn:
+    async def started() -> list[tuple[object, int, object]]:
+        async with any_engine.connect() as conn:
             result = await conn.execute(
-                text("SELECT slot, pid, started FROM starts ORDER BY started")
+                select(starts.c.slot, starts.c.pid, starts.c.started).order_by(starts.c.started)
             )
             return [tuple(r) for r in result]
 
-    first = await Worker.start("long", database_url, "--heartbeat", str(heartbeat))
+    args = ["--heartbeat", str(heartbeat), *_worker_args(any_database)]
+    first = await Worker.start("long", any_database.url, *args)
     second: Worker | None = None
     try:
-        await wait_until(lambda: _nonempty(starts()), timeout=10, what="first run")
-        second = await Worker.start("long", database_url, "--heartbeat", str(heartbeat))
+        await wait_until(lambda: _nonempty(started()), timeout=10, what="first run")
+        second = await Worker.start("long", any_database.url, *args)
         killed_at = time.monotonic()
         await first.kill()
         await wait_until(
-            lambda: _count(starts(), 2), timeout=10, what="the revived run on the second process"
+            lambda: _count(started(), 2), timeout=10, what="the revived run on the second process"
         )
         observed = time.monotonic() - killed_at
-        runs = await starts()
+        runs = await started()
     finally:
         await first.kill()
         if second is not None:

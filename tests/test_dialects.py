@@ -1,0 +1,91 @@
+"""The dialect comes from the URL (no connection, no driver import); MySQL before 8 only
+through the ``b.dialect("mysql5")`` override."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from ekbatan_fastapi import ConfigurationError, PollingStrategy, job_registry
+from ekbatan_fastapi.connection import SUPPORTED_URLS, ConnectionProvider
+from ekbatan_fastapi.repository.mysql import (
+    MariaDBRepository,
+    MySQL5Repository,
+    MySQLRepository,
+)
+from ekbatan_fastapi.repository.postgresql import PostgresRepository
+
+from .helpers import CountingJob
+
+UNREACHABLE_HOST = "nobody:secret@127.0.0.1:1/nowhere"
+
+
+def build(url: str, customize: Any = None) -> Any:
+    builder = job_registry().connection_provider(url).with_job(CountingJob())
+    if customize is not None:
+        builder.customize_scheduler(customize)
+    return builder.build()
+
+
+@pytest.mark.parametrize(
+    ("scheme", "driver", "repository"),
+    [
+        ("mysql", "mysql+asyncmy", MySQLRepository),
+        ("mysql+asyncmy", "mysql+asyncmy", MySQLRepository),
+        ("mariadb", "mariadb+asyncmy", MariaDBRepository),
+        ("mariadb+asyncmy", "mariadb+asyncmy", MariaDBRepository),
+        ("postgresql", "postgresql+asyncpg", PostgresRepository),
+    ],
+)
+def test_url_scheme_picks_driver_and_dialect_without_connecting(
+    scheme: str, driver: str, repository: type[Any]
+) -> None:
+    registry = build(f"{scheme}://{UNREACHABLE_HOST}")
+    assert registry.engine.url.drivername == driver
+    assert type(registry.repository) is repository
+    assert registry.scheduler.polling_strategy == PollingStrategy.LOCK_AND_FETCH
+
+
+def test_mysql5_is_reachable_only_through_the_override() -> None:
+    assert not any("mysql5" in url for url in SUPPORTED_URLS)
+    registry = build(f"mysql+asyncmy://{UNREACHABLE_HOST}", lambda b: b.dialect("mysql5"))
+    assert type(registry.repository) is MySQL5Repository
+    assert registry.scheduler.polling_strategy == PollingStrategy.FETCH
+    assert "migrations/mysql/V0001" in str(registry.repository.missing_table_error())
+    with pytest.raises(ConfigurationError, match="lacks; use 'fetch'"):
+        build(
+            f"mysql+asyncmy://{UNREACHABLE_HOST}",
+            lambda b: b.dialect("mysql5").polling_strategy("lock-and-fetch"),
+        )
+
+
+def test_unsupported_scheme_lists_every_supported_url() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        build(f"mysql+pymysql://{UNREACHABLE_HOST}")
+    message = str(info.value)
+    assert "unsupported database URL scheme 'mysql+pymysql'" in message
+    for url in ("postgresql+asyncpg://", "mysql+asyncmy://", "mariadb+asyncmy://"):
+        assert url in message
+    assert "secret" not in message
+
+
+def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "asyncmy", None)  # an import of it now fails
+    with pytest.raises(ConfigurationError, match=re.escape('pip install "ekbatan-fastapi[mysql]"')):
+        ConnectionProvider.from_url(f"mariadb://{UNREACHABLE_HOST}")
+
+
+def test_resolving_a_mysql_url_imports_no_driver() -> None:
+    code = (
+        "import sys\n"
+        "from ekbatan_fastapi.connection import _SCHEMES, repository_class\n"
+        "driver, dialect = _SCHEMES['mysql']\n"
+        "assert (driver, dialect) == ('mysql+asyncmy', 'mysql'), (driver, dialect)\n"
+        "assert repository_class(dialect).__name__ == 'MySQLRepository'\n"
+        "assert 'asyncmy' not in sys.modules, 'asyncmy was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

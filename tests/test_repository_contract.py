@@ -1,0 +1,255 @@
+"""The repository's lease protocol, checked statement by statement on every available database.
+
+Each write must say exactly which rows it wrote: the scheduler relies on the answer to know
+whether it still owns an execution (base.py documents the protocol).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ekbatan_fastapi import scheduled_tasks
+from ekbatan_fastapi.connection import repository_class
+from ekbatan_fastapi.repository import Finish, FinishKind, NewTask, Owned, TaskRepository
+
+from .conftest import MYSQL_SESSION_TIME_ZONE, Database
+from .helpers import db_now, is_mysql
+
+T = scheduled_tasks
+
+
+@pytest.fixture
+def repo(any_database: Database, any_engine: AsyncEngine) -> TaskRepository:
+    return repository_class(any_database.dialect)(any_engine, "scheduled_tasks")
+
+
+async def _due_rows(engine: AsyncEngine, name: str, n: int) -> list[tuple[str, str]]:
+    due = await db_now(engine) - timedelta(seconds=1)
+    keys = [(name, f"i{i:04d}") for i in range(n)]
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(T),
+            [
+                {"task_name": k[0], "task_instance": k[1], "execution_time": due}
+                | {"picked": False, "version": 1, "priority": 0}
+                for k in keys
+            ],
+        )
+    return keys
+
+
+async def _bump_version(engine: AsyncEngine, key: tuple[str, str]) -> None:
+    """What a revival by another instance does to our row."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(T)
+            .where(T.c.task_name == key[0], T.c.task_instance == key[1])
+            .values(version=T.c.version + 1)
+        )
+
+
+async def test_timestamps_are_utc_whatever_the_session_time_zone(
+    repo: TaskRepository, any_engine: AsyncEngine
+) -> None:
+    if is_mysql(any_engine):
+        async with any_engine.connect() as conn:
+            zone = (await conn.execute(text("SELECT @@session.time_zone"))).scalar_one()
+        assert zone == MYSQL_SESSION_TIME_ZONE  # the fixture's setting took effect
+    now = await repo.db_now()
+    assert now.tzinfo is not None
+    assert abs(now - datetime.now(UTC)) < timedelta(seconds=5)
+    india = timezone(timedelta(hours=5, minutes=30))
+    at = datetime(2031, 3, 30, 1, 30, 0, 123456, tzinfo=india)
+    assert await repo.upsert(NewTask("t", "a", at), replace=False)
+    row = await repo.get("t", "a")
+    assert (
+        row is not None
+        and row.execution_time == at
+        and row.execution_time.utcoffset() == (timedelta(0))
+    )
+    if is_mysql(any_engine):  # stored as the UTC wall clock, not the session's
+        async with any_engine.connect() as conn:
+            raw = (await conn.execute(text("SELECT execution_time FROM scheduled_tasks"))).one()[0]
+        assert raw == datetime(2031, 3, 29, 20, 0, 0, 123456)
+    assert await repo.upsert(NewTask("t", "now", None), replace=False)
+    row = await repo.get("t", "now")
+    assert row is not None and abs(row.execution_time - await repo.db_now()) < timedelta(seconds=5)
+
+
+async def test_insert_missing_reports_exactly_the_rows_it_inserted(
+    any_database: Database, any_engine: AsyncEngine, repo: TaskRepository
+) -> None:
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    first = await repo.insert_missing([NewTask("r", "a", at), NewTask("r", "b", at)])
+    assert sorted(first) == [("r", "a"), ("r", "b")]
+    again = await repo.insert_missing([NewTask("r", "b", at), NewTask("r", "c", at)] * 2)
+    assert again == [("r", "c")]
+    # instances racing to create the same rows: each row is reported by exactly one of them
+    peers = [repository_class(any_database.dialect)(any_engine, "scheduled_tasks") for _ in "xyz"]
+    tasks = [NewTask("race", f"k{i:03d}", at) for i in range(200)]
+    answers = await asyncio.gather(*(p.insert_missing(tasks) for p in peers))
+    reported = [key for answer in answers for key in answer]
+    assert sorted(reported) == sorted((t.task_name, t.task_instance) for t in tasks)
+
+
+async def test_upsert_keeps_or_replaces_unpicked_rows_only(
+    repo: TaskRepository, any_engine: AsyncEngine, any_database: Database
+) -> None:
+    first = datetime(2030, 1, 1, tzinfo=UTC)
+    second = datetime(2030, 6, 1, tzinfo=UTC)
+    assert await repo.upsert(NewTask("u", "x", first, b"one"), replace=False) is True
+    assert await repo.upsert(NewTask("u", "x", second, b"two"), replace=False) is False
+    row = await repo.get("u", "x")
+    assert row is not None and (row.execution_time, row.task_data, row.version) == (
+        first,
+        b"one",
+        1,
+    )
+    assert await repo.upsert(NewTask("u", "x", second, b"two", 5), replace=True) is True
+    row = await repo.get("u", "x")
+    assert row is not None
+    assert (row.execution_time, row.task_data, row.priority, row.version) == (second, b"two", 5, 2)
+    assert await repo.upsert(NewTask("u", "y", None), replace=True) is True  # absent: inserted
+    await repo.reschedule("u", "x", None)  # due now, then claimed
+    claimed = await repo.poll(["u"], 10, "me", any_database.strategies[0])
+    assert {r.key for r in claimed.claimed} == {("u", "x"), ("u", "y")}
+    assert await repo.upsert(NewTask("u", "x", first), replace=True) is False  # picked
+    row = await repo.get("u", "x")
+    assert row is not None and row.picked and row.version == 4
+
+
+@pytest.mark.parametrize("strategy", ["fetch", "lock-and-fetch"])
+async def test_concurrent_polls_claim_each_row_once(
+    repo: TaskRepository,
+    any_database: Database,
+    any_engine: AsyncEngine,
+    strategy: str,
+) -> None:
+    if strategy not in any_database.strategies:
+        pytest.skip(f"{any_database.dialect} has no {strategy}")
+    keys = await _due_rows(any_engine, "p", 300)
+    dialect = repository_class(any_database.dialect)
+    pollers = [dialect(any_engine, "scheduled_tasks") for _ in range(4)]
+    claimed: dict[tuple[str, str], str] = {}
+    for _ in range(10):
+        results = await asyncio.gather(
+            *(p.poll(["p"], 40, f"node-{n}", strategy) for n, p in enumerate(pollers))
+        )
+        for n, result in enumerate(results):
+            assert result.db_now.tzinfo is not None
+            for row in result.claimed:
+                assert row.key not in claimed, f"{row.key} claimed twice"
+                assert row.picked and row.picked_by == f"node-{n}" and row.version == 2
+                claimed[row.key] = f"node-{n}"
+        if len(claimed) == len(keys):
+            break
+    assert sorted(claimed) == keys
+    async with any_engine.connect() as conn:
+        rows = (await conn.execute(select(T.c.task_instance, T.c.picked_by, T.c.version))).all()
+    assert {("p", r[0]): r[1] for r in rows} == claimed
+    assert {r[2] for r in rows} == {2}
+
+
+async def test_poll_reports_the_next_due_time_and_ignores_unknown_names(
+    repo: TaskRepository, any_database: Database
+) -> None:
+    now = await repo.db_now()
+    soon, later = now + timedelta(minutes=5), now + timedelta(hours=1)
+    await repo.insert_missing(
+        [
+            NewTask("mine", "late", later),
+            NewTask("mine", "soon", soon),
+            NewTask("other", "due", now - timedelta(seconds=1)),
+            NewTask("other", "sooner", now + timedelta(minutes=1)),
+        ]
+    )
+    for strategy in any_database.strategies:
+        result = await repo.poll(["mine"], 10, "me", strategy)
+        assert result.claimed == [] and result.next_due == soon
+
+
+async def test_finish_records_only_rows_still_owned(
+    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+) -> None:
+    keys = await _due_rows(any_engine, "f", 5)
+    claimed = (await repo.poll(["f"], 10, "me", any_database.strategies[0])).claimed
+    owned = {r.key: Owned(r.task_name, r.task_instance, r.version) for r in claimed}
+    assert sorted(owned) == keys
+    succeeded, failed, deleted, released, stale = keys
+    await _bump_version(any_engine, stale)
+    next_time = datetime(2030, 1, 1, 12, tzinfo=UTC)
+    recorded = await repo.finish(
+        [
+            Finish(owned[succeeded], FinishKind.SUCCEEDED, next_time),
+            Finish(owned[failed], FinishKind.FAILED, next_time + timedelta(hours=1)),
+            Finish(owned[deleted], FinishKind.DELETED),
+            Finish(owned[released], FinishKind.RELEASED),
+            Finish(owned[stale], FinishKind.SUCCEEDED, next_time),
+        ]
+    )
+    assert recorded == {succeeded, failed, deleted, released}
+    rows = {r.key: r for r in await repo.list_tasks("f")}
+    assert deleted not in rows
+    ok, bad, free, lost = rows[succeeded], rows[failed], rows[released], rows[stale]
+    assert (ok.execution_time, ok.picked, ok.picked_by, ok.consecutive_failures) == (
+        next_time,
+        False,
+        None,
+        0,
+    )
+    assert ok.last_success is not None and ok.last_heartbeat is None and ok.version == 3
+    assert bad.execution_time == next_time + timedelta(hours=1) and bad.last_failure is not None
+    assert bad.consecutive_failures == 1 and bad.last_success is None and not bad.picked
+    assert not free.picked and free.execution_time < next_time and free.version == 3
+    assert free.last_success is None and free.last_failure is None
+    assert (
+        lost.picked and lost.picked_by == "me" and lost.version == 3 and lost.last_success is None
+    )
+    assert await repo.finish([Finish(owned[succeeded], FinishKind.SUCCEEDED, next_time)]) == set()
+
+
+async def test_heartbeat_answers_which_rows_are_still_owned(
+    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+) -> None:
+    keys = await _due_rows(any_engine, "h", 3)
+    claimed = (await repo.poll(["h"], 10, "me", any_database.strategies[0])).claimed
+    owned = [Owned(r.task_name, r.task_instance, r.version) for r in claimed]
+    before = {r.key: r.last_heartbeat for r in claimed}
+    await _bump_version(any_engine, keys[1])
+    await asyncio.sleep(0.01)
+    assert await repo.heartbeat(owned) == {keys[0], keys[2]}
+    rows = {r.key: r for r in await repo.list_tasks("h")}
+    for key in (keys[0], keys[2]):
+        beat = rows[key].last_heartbeat
+        assert beat is not None and before[key] is not None and beat > before[key]
+    assert await repo.heartbeat([o for o in owned if o.key != keys[1]]) == {keys[0], keys[2]}
+
+
+async def test_revive_dead_keeps_the_slot_and_reports_the_row_as_it_was(
+    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+) -> None:
+    keys = await _due_rows(any_engine, "d", 2)
+    claimed = {
+        r.key: r for r in (await repo.poll(["d"], 10, "gone", any_database.strategies[0])).claimed
+    }
+    dead, alive = keys
+    old = await db_now(any_engine) - timedelta(hours=1)
+    async with any_engine.begin() as conn:
+        await conn.execute(update(T).where(T.c.task_instance == dead[1]).values(last_heartbeat=old))
+    revived = await repo.revive_dead(["d"], timedelta(minutes=1))
+    assert [r.key for r in revived] == [dead]
+    (row,) = revived
+    assert row.picked and row.picked_by == "gone" and row.last_heartbeat == old
+    assert row.version == claimed[dead].version
+    after = {r.key: r for r in await repo.list_tasks("d")}
+    assert not after[dead].picked and after[dead].picked_by is None
+    assert after[dead].version == claimed[dead].version + 1
+    assert after[dead].execution_time == claimed[dead].execution_time, "the slot is kept"
+    assert after[alive].picked and after[alive].version == claimed[alive].version
+    assert await repo.revive_dead(["d"], timedelta(minutes=1)) == []
+    assert await repo.revive_dead(["other"], timedelta(seconds=0)) == []
