@@ -2,6 +2,7 @@
 
     python bench/throughput.py                       # embedded PostgreSQL in a temp dir
     python bench/throughput.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
+    python bench/throughput.py --url mysql+asyncmy://root@127.0.0.1:3306/test   # MySQL/MariaDB
     python bench/throughput.py --quick               # a small smoke run
 
 For every (strategy, K, repeat) the harness recreates ``scheduled_tasks`` in a fresh database,
@@ -42,7 +43,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import insert, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -286,28 +287,37 @@ def check_local(url: str) -> None:
     raise SystemExit(f"refusing {host!r}: the benchmark only talks to a server on this machine")
 
 
+def is_mysql(url: str) -> bool:
+    """A MySQL or MariaDB server (``mysql://``, ``mariadb+asyncmy://``, ...)."""
+    return make_url(url).get_backend_name() in ("mysql", "mariadb")
+
+
 def _with_database(url: str, database: str) -> str:
-    parsed = make_url(url).set(drivername="postgresql+asyncpg", database=database)
-    return parsed.render_as_string(hide_password=False)
+    parsed = make_url(url)
+    driver = f"{parsed.get_backend_name()}+asyncmy" if is_mysql(url) else "postgresql+asyncpg"
+    return parsed.set(drivername=driver, database=database).render_as_string(hide_password=False)
 
 
 @contextlib.asynccontextmanager
 async def fresh_database(server_url: str) -> AsyncIterator[str]:
     """Create an empty database on the server for this benchmark; drop it afterwards."""
     name = f"ekbatan_bench_{uuid.uuid4().hex[:10]}"
+    mysql = is_mysql(server_url)
     admin = create_async_engine(
         _with_database(server_url, make_url(server_url).database or "postgres"),
         poolclass=NullPool,
         isolation_level="AUTOCOMMIT",
     )
+    quoted = f"`{name}`" if mysql else f'"{name}"'
     try:
         async with admin.connect() as conn:
-            await conn.execute(text(f'CREATE DATABASE "{name}"'))
+            await conn.execute(text(f"CREATE DATABASE {quoted}"))
         yield _with_database(server_url, name)
     finally:
         with contextlib.suppress(Exception):
             async with admin.connect() as conn:
-                await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                drop = f"DROP DATABASE {quoted}" + ("" if mysql else " WITH (FORCE)")
+                await conn.execute(text(drop))
         await admin.dispose()
 
 
@@ -341,26 +351,43 @@ async def load_table(engine: AsyncEngine, n: int, how: str) -> float:
     async with auto.connect() as conn:
         await conn.execute(text(f"DROP TABLE IF EXISTS {TABLE}"))
     await create_schema(engine)
+    mysql = engine.dialect.name in ("mysql", "mariadb")
     started = time.perf_counter()
-    if how == "sql":
+    if how == "sql" and mysql:  # no generate_series: a multi-row insert per 5,000 rows
+        from ekbatan_fastapi import scheduled_tasks
+
+        base = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+        rows = [
+            {"task_name": TASK_NAME, "task_instance": f"i{g}", "picked": False, "version": 1}
+            | {"execution_time": base + dt.timedelta(microseconds=g), "priority": 0}
+            for g in range(1, n + 1)
+        ]
+        async with engine.begin() as conn:
+            for chunk in range(0, n, 5000):
+                await conn.execute(insert(scheduled_tasks).values(rows[chunk : chunk + 5000]))
+    elif how == "sql":
         async with engine.begin() as conn:
             await conn.execute(text(_INSERT_SQL), {"name": TASK_NAME, "n": n})
     elif how == "batch":
+        from ekbatan_fastapi.connection import repository_class
         from ekbatan_fastapi.repository.model import NewTask
-        from ekbatan_fastapi.repository.postgresql import PostgresRepository
 
         base = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
         tasks = [
             NewTask(TASK_NAME, f"i{g}", base + dt.timedelta(microseconds=g))
             for g in range(1, n + 1)
         ]
-        inserted = await PostgresRepository(engine, TABLE).insert_missing(tasks)
+        dialect = "mysql" if mysql else "postgresql"
+        inserted = await repository_class(dialect)(engine, TABLE).insert_missing(tasks)
         if len(inserted) != n:
             raise RuntimeError(f"batch insert wrote {len(inserted)} of {n} rows")
     else:
         raise ValueError(f"unknown insert mode {how!r}")
     seconds = time.perf_counter() - started
     async with auto.connect() as conn:
+        if mysql:
+            await conn.execute(text(f"ANALYZE TABLE {TABLE}"))
+            return seconds
         await conn.execute(text(f"VACUUM ANALYZE {TABLE}"))
         with contextlib.suppress(Exception):  # needs superuser or pg_checkpoint; optional
             await conn.execute(text("CHECKPOINT"))
@@ -371,13 +398,25 @@ async def table_state(engine: AsyncEngine) -> tuple[int, int]:
     async with engine.connect() as conn:
         row = (
             await conn.execute(
-                text(f"SELECT count(*), count(*) FILTER (WHERE picked) FROM {TABLE}")
+                text(f"SELECT count(*), COALESCE(SUM(CASE WHEN picked THEN 1 END), 0) FROM {TABLE}")
             )
         ).one()
     return int(row[0]), int(row[1])
 
 
 async def server_info(engine: AsyncEngine) -> dict[str, str]:
+    if engine.dialect.name in ("mysql", "mariadb"):
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    text("SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@sync_binlog")
+                )
+            ).one()
+        return {
+            "server_version": str(row[0]),
+            "innodb_flush_log_at_trx_commit": str(row[1]),
+            "sync_binlog": str(row[2]),
+        }
     async with engine.connect() as conn:
         version = (await conn.execute(text("SHOW server_version"))).scalar_one()
         fsync = (await conn.execute(text("SHOW fsync"))).scalar_one()
@@ -442,10 +481,20 @@ class CpuWatch:
         return busy / total, max(0.0, busy - our_busy) / (total / cores)
 
 
+def _pid_from_file(path: str) -> set[int]:
+    with contextlib.suppress(OSError, ValueError):
+        return {int(Path(path).read_text().strip())}
+    return set()
+
+
 async def server_pids(engine: AsyncEngine) -> set[int]:
     """The server processes working for this benchmark: the backends of its database and the
     shared auxiliary processes (WAL writer, checkpointer, ...). Other databases' backends
     (another test suite on the same server) count as foreign load."""
+    if engine.dialect.name in ("mysql", "mariadb"):  # one process, from its pid file
+        async with engine.connect() as conn:
+            pid_file = (await conn.execute(text("SELECT @@pid_file"))).scalar_one()
+        return _pid_from_file(str(pid_file))
     async with engine.connect() as conn:
         rows = await conn.execute(
             text(
@@ -768,6 +817,7 @@ def environment() -> dict[str, str]:
         "ekbatan_fastapi": ekbatan_fastapi.__version__,
         "sqlalchemy": version("sqlalchemy"),
         "asyncpg": version("asyncpg"),
+        "asyncmy": version("asyncmy"),
         "cores": str(os.cpu_count()),
         "machine": platform.machine(),
     }
@@ -930,7 +980,9 @@ async def _worker(args: argparse.Namespace) -> int:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--url", help="a PostgreSQL server on this machine (default: embedded)")
+    p.add_argument(
+        "--url", help="a PostgreSQL or MySQL/MariaDB server on this machine (default: embedded)"
+    )
     p.add_argument("-n", type=int, default=None, help=f"rows per run (default {DEFAULT_N})")
     p.add_argument(
         "-k", "--processes", type=int, nargs="+", default=None, help="worker processes (1 2 4)"
