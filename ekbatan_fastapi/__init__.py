@@ -17,6 +17,7 @@ from .errors import (
     ScheduleError,
     SchemaMissingError,
     TaskNotFoundError,
+    TaskPausedError,
     TaskPickedError,
     UnknownJobError,
 )
@@ -30,6 +31,7 @@ from .job import (
     distributed_job,
 )
 from .registry import JobRegistry, JobRegistryBuilder, SchedulerBuilder, job_registry
+from .operations import ExecutionRecord, InstanceInfo, Outcome, PauseInfo
 from .repository.base import PollingStrategy
 from .scheduler import Scheduler
 from .schedules import Schedule, Schedules, parse_schedule
@@ -46,15 +48,19 @@ __all__ = [
     "DistributedJob",
     "EkbatanError",
     "ExecutionContext",
+    "ExecutionRecord",
     "ExecutionStatus",
     "ExponentialBackoff",
     "FailureHandler",
     "HeartbeatState",
+    "InstanceInfo",
     "JobRegistry",
     "JobRegistryBuilder",
     "MaxRetries",
     "OffsetClock",
     "OneTimeJob",
+    "Outcome",
+    "PauseInfo",
     "PollingStrategy",
     "RetryLater",
     "Schedule",
@@ -70,6 +76,7 @@ __all__ = [
     "SystemClock",
     "TaskDataError",
     "TaskNotFoundError",
+    "TaskPausedError",
     "TaskPickedError",
     "UnknownJobError",
     "create_schema",

@@ -8,8 +8,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .codec import decode_data, encode_data
-from .errors import ConfigurationError, TaskNotFoundError, TaskPickedError, UnknownJobError
+from .errors import (
+    ConfigurationError,
+    SchemaMissingError,
+    TaskNotFoundError,
+    TaskPausedError,
+    TaskPickedError,
+    UnknownJobError,
+)
 from .job import RECURRING_INSTANCE, DistributedJob, OneTimeJob, _Job
+from .operations.models import ExecutionRecord, InstanceInfo, PauseInfo
+from .operations.repository import OperationsRepository
 from .repository.base import TaskRepository
 from .repository.model import NewTask, TaskRow
 
@@ -214,9 +223,116 @@ class SchedulerClient:
         if self._repo.supports_notify:
             await self._repo.notify(at)
 
-    async def run_now(self, job_name: str, instance_id: str = RECURRING_INSTANCE) -> None:
-        """Make an instance due now (database clock), keeping its failure counters."""
-        await self.reschedule(job_name, instance_id, None)
+    async def run_now(
+        self, job_name: str, instance_id: str = RECURRING_INSTANCE, *, force: bool = False
+    ) -> None:
+        """Make an instance due now (database clock), keeping its failure counters.
+
+        A paused task raises TaskPausedError unless ``force``; a forced run is claimed and
+        started on this instance at once (the task stays paused afterwards).
+        """
+        validate_name(job_name, "job name")
+        pause = (await self.paused()).get(job_name)
+        if pause is None:
+            await self.reschedule(job_name, instance_id, None)
+            return
+        where = f"{job_name}/{instance_id}"
+        if not force:
+            raise TaskPausedError(
+                f"{job_name} is paused (by {pause.paused_by} at {pause.paused_at.isoformat()}"
+                f"{': ' + pause.reason if pause.reason else ''}); resume it, or pass force=True "
+                "to run it once anyway"
+            )
+        if self._scheduler is None or job_name not in self._jobs:
+            raise UnknownJobError(
+                f"a forced run of {where} needs a running registry that has the job {job_name!r}"
+            )
+        row = await self._repo.claim_now(job_name, instance_id, self._scheduler.name)
+        if row is None:
+            await self._explain_failure(job_name, instance_id, "run")
+            return
+        self._scheduler.run_claimed(row)
+
+    # -- operations: history, pause/resume, instances ------------------------------------
+
+    async def _has_ops(self) -> bool:
+        """True once the operations tables are known to exist (checked lazily)."""
+        return self._scheduler is not None and await self._scheduler.recorder.check()
+
+    async def _require_ops(self) -> OperationsRepository:
+        if not await self._has_ops():
+            raise SchemaMissingError(
+                "the operations tables (execution history, paused tasks, instances) are "
+                f"missing: apply migrations/{self._repo.dialect_name}/V0002__ekbatan_operations"
+                ".sql or call `await ekbatan_fastapi.create_schema(engine)`"
+            )
+        assert self._scheduler is not None
+        return self._scheduler.recorder.ops
+
+    async def _known_task(self, job_name: str) -> None:
+        validate_name(job_name, "job name")
+        if job_name not in self._jobs and not await self._repo.list_tasks(job_name, limit=1):
+            raise TaskNotFoundError(
+                f"no job named {job_name!r} is registered here and the table has no rows for it"
+            )
+
+    async def history(
+        self, job_name: str | None = None, *, limit: int = 50, before_id: int | None = None
+    ) -> list[ExecutionRecord]:
+        """Executions, newest first; page with ``before_id`` = the last id of a page."""
+        if job_name is not None:
+            validate_name(job_name, "job name")
+        if not 1 <= limit <= 1000:
+            raise ConfigurationError(f"limit must be from 1 to 1000, got {limit}")
+        return await (await self._require_ops()).history(job_name, limit=limit, before_id=before_id)
+
+    async def pause(
+        self, job_name: str, reason: str | None = None, *, paused_by: str | None = None
+    ) -> None:
+        """Pause a task cluster-wide: no instance claims it until resumed (survives restarts).
+        Executions already running finish normally."""
+        await self._known_task(job_name)
+        ops = await self._require_ops()
+        by = (
+            paused_by
+            if paused_by is not None
+            else (self._scheduler.name if self._scheduler else None)
+        )
+        await ops.pause(job_name, by, reason)
+
+    async def resume(self, job_name: str, *, skip_missed: bool = False) -> bool:
+        """Resume a paused task; False if it was not paused. An overdue slot then runs once,
+        unless ``skip_missed`` moves a recurring row to its next future slot."""
+        await self._known_task(job_name)
+        ops = await self._require_ops()
+        job = self._jobs.get(job_name)
+        if skip_missed and isinstance(job, DistributedJob):  # move it while still paused
+            row = await self._repo.get(job_name, RECURRING_INSTANCE)
+            db_now = await self._repo.db_now()
+            if row is not None and not row.picked and row.execution_time <= db_now:
+                following = job.schedule().next_execution_time(row.execution_time, db_now)
+                await self._repo.reschedule(
+                    job_name, RECURRING_INSTANCE, following, expected_version=row.version
+                )
+        resumed = await ops.resume(job_name)
+        if resumed:
+            self._woken(None)
+            if self._repo.supports_notify:
+                await self._repo.notify(None)
+        return resumed
+
+    async def paused(self) -> dict[str, PauseInfo]:
+        """Every paused task (empty when the operations tables are missing)."""
+        if not await self._has_ops():
+            return {}
+        return await (await self._require_ops()).paused()
+
+    async def instances(self) -> list[InstanceInfo]:
+        """Scheduler instances as they last reported themselves; ``alive`` = seen within the
+        dead window."""
+        ops = await self._require_ops()
+        assert self._scheduler is not None
+        return await ops.instances(self._scheduler.config.dead_after)
 
     async def cancel(self, job_name: str, instance_id: str) -> None:
         """Delete an instance that is not running."""

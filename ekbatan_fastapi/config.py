@@ -34,6 +34,9 @@ class SchedulerConfig:
     """None: lock-and-fetch where the dialect has SKIP LOCKED, fetch otherwise."""
     batch_size: int | None = None
     """None: ``max(50, 3 x number of jobs)``."""
+    history: bool = True
+    """Record every execution in ``ekbatan_execution_history`` (batched, off the hot path)."""
+    history_retention: timedelta = timedelta(days=7)
     listen: bool = True
     """Where the database supports it (PostgreSQL LISTEN/NOTIFY), hold one pooled connection
     that wakes this instance when any instance schedules work."""
@@ -50,6 +53,12 @@ class SchedulerConfig:
             value = getattr(self, name)
             if not isinstance(value, timedelta) or value <= timedelta(0):
                 raise ConfigurationError(f"{name} must be a positive timedelta, got {value!r}")
+        if not isinstance(self.history_retention, timedelta) or (
+            self.history_retention <= timedelta(0)
+        ):
+            raise ConfigurationError(
+                f"history_retention must be a positive timedelta, got {self.history_retention!r}"
+            )
         if not isinstance(self.delete_unresolved_after, timedelta) or (
             self.delete_unresolved_after <= timedelta(0)
         ):

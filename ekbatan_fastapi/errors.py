@@ -29,3 +29,7 @@ class TaskPickedError(EkbatanError):
 
 class UnknownJobError(EkbatanError, LookupError):
     """A task name that no registered job answers to."""
+
+
+class TaskPausedError(EkbatanError):
+    """The task is paused cluster-wide; the action needs ``force=True`` or a resume first."""

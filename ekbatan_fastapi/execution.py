@@ -33,6 +33,8 @@ class Execution:
     schedule: Schedule | None = None
     task: asyncio.Task[None] | None = None
     recording: bool = field(default=False)
+    error: BaseException | None = None
+    finished_at: datetime | None = None
 
     @property
     def owned(self) -> Owned:

@@ -71,6 +71,16 @@ class SchedulerBuilder:
         self.config.scheduler_name = value
         return self
 
+    def history(self, value: bool) -> SchedulerBuilder:
+        """Record each execution in the history table (default True)."""
+        self.config.history = value
+        return self
+
+    def history_retention(self, value: timedelta) -> SchedulerBuilder:
+        """How long history records are kept (default 7 days)."""
+        self.config.history_retention = value
+        return self
+
     def listen(self, value: bool) -> SchedulerBuilder:
         """Use LISTEN/NOTIFY for newly scheduled work where supported (default True)."""
         self.config.listen = value

@@ -28,6 +28,8 @@ from .config import SchedulerConfig
 from .errors import ConfigurationError, SchemaMissingError
 from .execution import Execution
 from .job import RECURRING_INSTANCE, DistributedJob, HeartbeatState, _Job
+from .operations.recorder import OperationsRecorder
+from .operations.repository import OperationsRepository
 from .repository.base import PollingStrategy, TaskRepository
 from .repository.model import Finish, NewTask, TaskKey, TaskRow
 from .schedules import Schedule
@@ -95,6 +97,13 @@ class Scheduler:
         self.polling_strategy = strategy
         self.batch_size = config.batch_size or max(50, 3 * len(self.jobs))
 
+        self.recorder = OperationsRecorder(
+            OperationsRepository(repository),
+            self.name,
+            history=config.history,
+            retention=config.history_retention,
+            on_db_error=self._db_failed,
+        )
         self.running: dict[TaskKey, Execution] = {}
         self._pending: list[tuple[Finish, asyncio.Future[bool], Execution]] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -141,6 +150,7 @@ class Scheduler:
             "completer": self._complete_loop,
             "housekeeper": self._housekeeping_loop,
             "loop-lag monitor": self._lag_monitor_loop,
+            "history writer": self.recorder.run,
         }
         if self.config.listen and self.repository.supports_notify:
             loops["listener"] = self._listen_loop
@@ -191,16 +201,25 @@ class Scheduler:
                     self.running.pop(execution.row.key, None)
         self._completer_closed = True
         self._finish_ready.set()
-        completer = self._tasks.get("completer")
-        if completer is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(completer), timeout=max(wait, 1.0))
-            except TimeoutError:
-                completer.cancel()
+        await self._drain("completer", timeout=max(wait, 1.0))
+        self.recorder.close()
+        await self._drain("history writer", timeout=max(wait, 1.0))
+        await self.recorder.leave()
         await self._cancel("housekeeper", "loop-lag monitor")
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("scheduler %s stopped", self.name, extra={"scheduler": self.name})
+
+    async def _drain(self, name: str, timeout: float) -> None:
+        """Let a loop that was told to close finish its work; cancel it after ``timeout``."""
+        task = self._tasks.get(name)
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=timeout)
+        except TimeoutError:
+            task.cancel()
+            log.warning("scheduler %s: the %s did not finish in %.0fs", self.name, name, timeout)
 
     async def _cancel(self, *names: str) -> None:
         for name in names:
@@ -301,6 +320,8 @@ class Scheduler:
         while not self._stopping:
             try:
                 await self._create_recurring_rows()
+                if await self.recorder.check():
+                    await self.recorder.report_instance(self._started_at or self.db_time())
             except SchemaMissingError as error:
                 self._db_reachable = True
                 self._last_error = str(error)
@@ -383,6 +404,12 @@ class Scheduler:
             self._planned_due = result.next_due
             await self._sleep(interval)
 
+    def run_claimed(self, row: TaskRow) -> None:
+        """Run a row this instance claimed outside the poller (a forced run-now)."""
+        if not self._tasks or self._stopping:
+            raise RuntimeError(f"scheduler {self.name} is not running")
+        self._launch(row)
+
     def _launch(self, row: TaskRow) -> None:
         job = self.jobs.get(row.task_name)
         if job is None:  # cannot happen: the poll asks only for our names
@@ -434,8 +461,10 @@ class Scheduler:
                 execution.row.execution_time.isoformat(),
                 extra=self._extra(execution.row),
             )
+        execution.error = error
+        execution.finished_at = self.db_time()
         finish = execution.finish(
-            self.db_time(),
+            execution.finished_at,
             error=error,
             cancelled=cancelled,
             fallback_delay=self.config.polling_interval,
@@ -487,8 +516,10 @@ class Scheduler:
             was_full = len(self.running) >= self.batch_size
             for finish, future, execution in batch:
                 self.running.pop(execution.row.key, None)
+                ok = finish.owned.key in recorded
+                self.recorder.record(execution, finish, ok)
                 if not future.done():
-                    future.set_result(finish.owned.key in recorded)
+                    future.set_result(ok)
             if was_full and len(self.running) < self.batch_size:
                 self.request_poll()
 
@@ -499,8 +530,9 @@ class Scheduler:
             await self._heartbeat()
             if self._stopping or not self._ready.is_set():
                 continue
+            await self.recorder.report_instance(self._started_at or self.db_time())
             await self._revive_dead()
-            await self._delete_unresolved()
+            await self._maintain()
 
     async def _heartbeat(self) -> None:
         executions = [e for e in self.running.values()]
@@ -547,7 +579,9 @@ class Scheduler:
         if revived:
             self.request_poll()
 
-    async def _delete_unresolved(self) -> None:
+    async def _maintain(self) -> None:
+        """Hourly (and at the first housekeeping round): delete unresolved rows, prune history
+        and long-gone instances."""
         now = self.clock.monotonic()
         period = min(3600.0, self.config.delete_unresolved_after.total_seconds())
         if now - self._last_unresolved_check < period:
@@ -557,8 +591,9 @@ class Scheduler:
             deleted = await self.repository.delete_unresolved(
                 list(self.jobs), self.config.delete_unresolved_after
             )
+            await self.recorder.maintain()
         except Exception as error:
-            self._db_failed(error, "unresolved-task cleanup")
+            self._db_failed(error, "housekeeping (unresolved rows, history pruning)")
             return
         if deleted:
             log.warning(

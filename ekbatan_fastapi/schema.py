@@ -127,6 +127,16 @@ metadata = MetaData()
 scheduled_tasks = scheduled_tasks_table(DEFAULT_TABLE_NAME, metadata)
 
 
+def _add_operations_tables() -> None:
+    # Imported here: the operations tables reuse this module's column types.
+    from .operations.tables import OperationsTables
+
+    OperationsTables(metadata)
+
+
+_add_operations_tables()
+
+
 async def create_schema(
     engine: AsyncEngine, table_name: str = DEFAULT_TABLE_NAME, *, operations: bool = True
 ) -> bool:

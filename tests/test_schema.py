@@ -10,23 +10,29 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ekbatan_fastapi import create_schema, metadata, scheduled_tasks
 
-MIGRATION = (
-    Path(__file__).resolve().parent.parent
-    / "migrations/postgresql/V0001__create_scheduled_tasks.sql"
+MIGRATIONS = sorted(
+    (Path(__file__).resolve().parent.parent / "migrations/postgresql").glob("V*.sql")
 )
+
+
+def _describe_table(inspector: Any, table: str) -> dict[str, Any]:
+    columns = {c["name"]: (str(c["type"]), c["nullable"]) for c in inspector.get_columns(table)}
+    indexes = {
+        i["name"]: (tuple(i["column_names"]), tuple(sorted(i.get("column_sorting", {}).items())))
+        for i in inspector.get_indexes(table)
+    }
+    pk = inspector.get_pk_constraint(table)["constrained_columns"]
+    return {"columns": columns, "indexes": indexes, "pk": pk}
 
 
 def _describe(sync_conn: Any) -> dict[str, Any]:
     inspector = inspect(sync_conn)
-    columns = {
-        c["name"]: (str(c["type"]), c["nullable"]) for c in inspector.get_columns("scheduled_tasks")
-    }
-    indexes = {
-        i["name"]: (tuple(i["column_names"]), tuple(sorted(i.get("column_sorting", {}).items())))
-        for i in inspector.get_indexes("scheduled_tasks")
-    }
-    pk = inspector.get_pk_constraint("scheduled_tasks")["constrained_columns"]
-    return {"columns": columns, "indexes": indexes, "pk": pk}
+    return {t: _describe_table(inspector, t) for t in sorted(inspector.get_table_names())}
+
+
+def _statements(path: Path) -> list[str]:
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("--")]
+    return [s for s in "\n".join(lines).split(";") if s.strip()]
 
 
 async def _describe_engine(engine: AsyncEngine) -> dict[str, Any]:
@@ -39,8 +45,8 @@ async def test_migration_and_metadata_agree(engine: AsyncEngine, database_url: s
     async with engine.begin() as conn:
         await conn.execute(text("CREATE SCHEMA migrated"))
         await conn.execute(text("SET search_path TO migrated"))
-        for statement in MIGRATION.read_text().split(";"):
-            if statement.strip():
+        for migration in MIGRATIONS:
+            for statement in _statements(migration):
                 await conn.execute(text(statement))
     migrated_engine = create_async_engine(
         database_url, connect_args={"server_settings": {"search_path": "migrated"}}
@@ -50,13 +56,20 @@ async def test_migration_and_metadata_agree(engine: AsyncEngine, database_url: s
     finally:
         await migrated_engine.dispose()
     assert from_migration == from_metadata
-    assert from_metadata["pk"] == ["task_name", "task_instance"]
-    assert set(from_metadata["indexes"]) == {
+    assert set(from_metadata) == set(metadata.tables) == {
+        "scheduled_tasks",
+        "ekbatan_execution_history",
+        "ekbatan_paused_tasks",
+        "ekbatan_scheduler_instances",
+    }
+    tasks = from_metadata["scheduled_tasks"]
+    assert tasks["pk"] == ["task_name", "task_instance"]
+    assert set(tasks["indexes"]) == {
         "execution_time_idx",
         "last_heartbeat_idx",
         "priority_execution_time_idx",
     }
-    assert from_metadata["columns"]["execution_time"] == ("TIMESTAMP", False)
+    assert tasks["columns"]["execution_time"] == ("TIMESTAMP", False)
     assert scheduled_tasks in metadata.tables.values()
 
 

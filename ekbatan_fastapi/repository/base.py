@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import ColumnElement, Executable
 
 from ..errors import SchemaMissingError
+from ..operations.tables import PAUSED
 from ..schema import scheduled_tasks_table
 from .model import Finish, NewTask, Owned, PollResult, TaskKey, TaskRow
 
@@ -53,8 +54,14 @@ class TaskRepository(abc.ABC):
     def __init__(self, engine: AsyncEngine, table_name: str) -> None:
         self.table_name = table_name
         self.table = scheduled_tasks_table(table_name)
+        schema = self.table.schema
+        self.pause_table_name = f"{schema}.{PAUSED}" if schema else PAUSED
+        self.pauses_enabled = False
+        """Set once the pause table is known to exist: polls then skip paused task names."""
         # Each statement commits by itself: one round trip, no BEGIN/COMMIT.
         self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.tx_engine = engine
+        """For the rare statements that need a transaction of their own."""
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -197,6 +204,34 @@ class TaskRepository(abc.ABC):
             t.c.picked.is_(False),
         )
         return await self._rowcount(stmt) == 1
+
+    async def claim_now(self, task_name: str, task_instance: str, picked_by: str) -> TaskRow | None:
+        """Claim one unpicked row at once, moving its slot to now (a forced run). Same claim
+        as a poll's (``version + 1``, heartbeat now); None when absent or already picked."""
+        t = self.table
+        where = (t.c.task_name == task_name, t.c.task_instance == task_instance)
+        now = self.now_expr()
+        claim = (
+            update(t)
+            .where(*where, t.c.picked.is_(False))
+            .values(
+                picked=True,
+                picked_by=picked_by,
+                last_heartbeat=now,
+                execution_time=now,
+                version=t.c.version + 1,
+            )
+        )
+        try:
+            async with self.tx_engine.begin() as conn:
+                if (await conn.execute(claim)).rowcount != 1:
+                    return None
+                row = (await conn.execute(select(t).where(*where))).one()
+        except DBAPIError as error:
+            if self.is_missing_table(error):
+                raise self.missing_table_error() from error
+            raise
+        return self.to_row(row)
 
     async def recurring_rows(self, names: Sequence[str], instance: str) -> list[TaskRow]:
         t = self.table

@@ -26,13 +26,13 @@ _COLUMNS = (
 _NAMES = "CAST(:names AS text[])"
 _NEXT_DUE = (
     "(SELECT min(execution_time) FROM {t} WHERE picked = false AND execution_time > now() "
-    f"AND task_name = ANY({_NAMES}))"
+    "AND %(wanted)s)"
 )
 
 _LOCK_AND_FETCH = """
 WITH due AS (
     SELECT task_name, task_instance FROM {t}
-    WHERE picked = false AND execution_time <= now() AND task_name = ANY(%(names)s)
+    WHERE picked = false AND execution_time <= now() AND %(wanted)s
     ORDER BY priority DESC, execution_time ASC
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -53,7 +53,7 @@ SELECT c.*, x.db_now, x.next_due
 FROM (SELECT now() AS db_now, %(next_due)s AS next_due) AS x
 LEFT JOIN LATERAL (
     SELECT task_name, task_instance, version FROM {t}
-    WHERE picked = false AND execution_time <= now() AND task_name = ANY(%(names)s)
+    WHERE picked = false AND execution_time <= now() AND %(wanted)s
     ORDER BY priority DESC, execution_time ASC
     LIMIT :limit
 ) AS c ON true
@@ -181,9 +181,16 @@ class PostgresRepository(TaskRepository):
                 template = template % parts
             return text(template.replace("{t}", quoted))
 
-        parts = {"names": _NAMES, "next_due": _NEXT_DUE}
-        self._lock_and_fetch = sql(_LOCK_AND_FETCH, **parts)
-        self._fetch_candidates = sql(_FETCH_CANDIDATES, **parts)
+        wanted = f"task_name = ANY({_NAMES})"
+        paused = ".".join(f'"{part}"' for part in self.pause_table_name.split("."))
+        not_paused = f"{wanted} AND task_name NOT IN (SELECT task_name FROM {paused})"
+        self._poll_sql: dict[bool, tuple[TextClause, TextClause]] = {}
+        for with_pause, filter_ in ((False, wanted), (True, not_paused)):
+            parts = {"next_due": _NEXT_DUE % {"wanted": filter_}, "wanted": filter_}
+            self._poll_sql[with_pause] = (
+                sql(_LOCK_AND_FETCH, **parts),
+                sql(_FETCH_CANDIDATES, **parts),
+            )
         self._claim = sql(_CLAIM)
         self._finish = sql(_FINISH)
         self._heartbeat = sql(_HEARTBEAT)
@@ -260,12 +267,13 @@ class PostgresRepository(TaskRepository):
         self, names: Sequence[str], limit: int, picked_by: str, strategy: str
     ) -> PollResult:
         params: dict[str, Any] = {"names": list(names), "limit": limit}
+        lock_and_fetch, fetch_candidates = self._poll_sql[self.pauses_enabled]
         if strategy == PollingStrategy.LOCK_AND_FETCH:
             params["picked_by"] = picked_by
-            rows = await self._rows(self._lock_and_fetch, params)
+            rows = await self._rows(lock_and_fetch, params)
             claimed = [self.to_row(r) for r in rows if r._mapping["task_name"] is not None]
             return PollResult(claimed, rows[0]._mapping["db_now"], rows[0]._mapping["next_due"])
-        rows = await self._rows(self._fetch_candidates, params)
+        rows = await self._rows(fetch_candidates, params)
         db_now: datetime = rows[0]._mapping["db_now"]
         next_due: datetime | None = rows[0]._mapping["next_due"]
         candidates = [r for r in rows if r._mapping["task_name"] is not None]

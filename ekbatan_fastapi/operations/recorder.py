@@ -1,0 +1,177 @@
+"""Writes the operations tables for one scheduler: history in batches, its instance row, and
+the housekeeping of both. History is written off the hot path: the completer only appends to
+a buffer; this recorder's own loop inserts the buffer in one statement per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..repository.model import Finish, FinishKind
+from .models import Outcome
+from .repository import OperationsRepository
+
+if TYPE_CHECKING:
+    from ..execution import Execution
+
+__all__ = ["OperationsRecorder", "outcome_of"]
+
+log = logging.getLogger(__name__)
+
+_MAX_BATCH = 1000
+_MAX_BUFFER = 50_000
+_MESSAGE_LIMIT = 2000
+_INSTANCE_RETENTION = timedelta(days=1)
+
+
+def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> Outcome:
+    if not recorded:
+        return Outcome.SUPERSEDED
+    if finish.kind is FinishKind.RELEASED:
+        return Outcome.CANCELLED
+    if finish.kind is FinishKind.FAILED or error is not None:
+        return Outcome.FAILED
+    return Outcome.SUCCEEDED
+
+
+class OperationsRecorder:
+    """History, instance row and their pruning, for one scheduler."""
+
+    def __init__(
+        self,
+        ops: OperationsRepository,
+        scheduler_name: str,
+        *,
+        history: bool,
+        retention: timedelta,
+        on_db_error: Callable[[BaseException, str], None],
+    ) -> None:
+        self.ops = ops
+        self.name = scheduler_name
+        self.history_enabled = history
+        self.retention = retention
+        self.available = False
+        self._on_db_error = on_db_error
+        self._buffer: list[dict[str, Any]] = []
+        self._ready = asyncio.Event()
+        self._dropped = 0
+        self._warned_missing = False
+        self._closing = False
+
+    async def check(self) -> bool:
+        """Look for the tables (once at startup, then at each maintenance until found)."""
+        if self.available:
+            return True
+        self.available = await self.ops.exists()
+        self.ops.tasks.pauses_enabled = self.available
+        if not self.available and not self._warned_missing:
+            self._warned_missing = True
+            dialect = self.ops.tasks.dialect_name
+            log.warning(
+                "scheduler %s: the operations tables (%s) are missing, so execution history, "
+                "pause/resume and the live-instance list are off; apply "
+                "migrations/%s/V0002__ekbatan_operations.sql or call create_schema(engine)",
+                self.name,
+                ", ".join(t.name for t in self.ops.tables.all),
+                dialect,
+                extra={"scheduler": self.name},
+            )
+        return self.available
+
+    def record(self, execution: Execution, finish: Finish, recorded: bool) -> None:
+        """Buffer one execution's record (no I/O)."""
+        if not (self.history_enabled and self.available):
+            return
+        if len(self._buffer) >= _MAX_BUFFER:
+            self._dropped += 1
+            if self._dropped in (1, 1000) or self._dropped % 100_000 == 0:
+                log.warning(
+                    "scheduler %s: history buffer full (database slow or down); %d records "
+                    "dropped so far",
+                    self.name,
+                    self._dropped,
+                )
+            return
+        error = execution.error
+        row = execution.row
+        message = None if error is None else str(error)[:_MESSAGE_LIMIT]
+        self._buffer.append(
+            {
+                "task_name": row.task_name,
+                "task_instance": row.task_instance,
+                "execution_time": row.execution_time,
+                "picked_by": self.name,
+                "started_at": execution.started,
+                "finished_at": execution.finished_at or execution.started,
+                "outcome": outcome_of(finish, recorded, error).value,
+                "error_class": None if error is None else type(error).__qualname__[:200],
+                "error_message": message,
+            }
+        )
+        self._ready.set()
+
+    async def run(self) -> None:
+        """The history writer loop: insert whatever the buffer holds, in batches."""
+        delay = 0.05
+        while True:
+            if self._closing and not self._buffer:
+                return
+            await self._ready.wait()
+            self._ready.clear()
+            while self._buffer:
+                batch = self._buffer[:_MAX_BATCH]
+                try:
+                    await self.ops.insert_history(batch)
+                except Exception as error:
+                    self._on_db_error(error, "writing execution history")
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                delay = 0.05
+                del self._buffer[: len(batch)]
+
+    def close(self) -> None:
+        """Let ``run`` return once the buffer is written (at shutdown)."""
+        self._closing = True
+        self._ready.set()
+
+    async def report_instance(self, started_at: datetime) -> None:
+        if not self.available:
+            return
+        from .. import __version__
+
+        try:
+            await self.ops.report_instance(
+                self.name, socket.gethostname()[:255], os.getpid(), started_at, __version__
+            )
+        except Exception as error:
+            self._on_db_error(error, "reporting this instance")
+
+    async def leave(self) -> None:
+        """Remove this instance's row at a graceful stop (a crashed one shows as dead)."""
+        if not self.available:
+            return
+        try:
+            await self.ops.remove_instance(self.name)
+        except Exception as error:
+            self._on_db_error(error, "removing this instance's row")
+
+    async def maintain(self) -> None:
+        """Prune old history and long-gone instances; look again for missing tables."""
+        if not await self.check():
+            return
+        pruned = await self.ops.prune_history(self.retention)
+        gone = await self.ops.prune_instances(_INSTANCE_RETENTION)
+        if pruned or gone:
+            log.info(
+                "scheduler %s: pruned %d history records older than %s and %d instances",
+                self.name,
+                pruned,
+                self.retention,
+                gone,
+            )

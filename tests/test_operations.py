@@ -1,0 +1,185 @@
+"""Execution history, cluster-wide pause/resume, live instances (our own tables)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from ekbatan_fastapi import (
+    SchemaMissingError,
+    Schedules,
+    TaskPausedError,
+    create_schema,
+)
+
+from .helpers import CountingJob, RecordingJob, RegistryFactory, wait_until
+
+
+async def test_history_records_outcomes_newest_first(registries: RegistryFactory) -> None:
+    ok = RecordingJob("ok", Schedules.fixed_delay(timedelta(hours=1)))
+    bad = RecordingJob("bad", Schedules.fixed_delay(timedelta(hours=1)), fail=True)
+    registry = await registries.start(ok, bad)
+
+    async def records(name: str) -> int:
+        return len(await registry.client.history(name))
+
+    await wait_until(lambda: _at_least(records("ok"), 1), what="a success record")
+    await wait_until(lambda: _at_least(records("bad"), 1), what="a failure record")
+    (success,) = await registry.client.history("ok")
+    assert success.outcome == "succeeded" and success.error_class is None
+    assert success.execution_time == ok.slots[0] and success.picked_by == registry.scheduler.name
+    assert 0 <= success.duration_seconds < 5
+    (failure,) = await registry.client.history("bad")
+    assert failure.outcome == "failed" and failure.error_class == "RuntimeError"
+    assert failure.error_message == "bad failed on purpose"
+    everything = await registry.client.history()
+    assert [r.id for r in everything] == sorted((r.id for r in everything), reverse=True)
+    page = await registry.client.history(limit=1, before_id=everything[0].id)
+    assert [r.id for r in page] == [everything[1].id]
+
+
+async def _at_least(count: object, n: int) -> bool:
+    return await count >= n  # type: ignore[misc,no-any-return]
+
+
+async def test_history_can_be_turned_off(registries: RegistryFactory) -> None:
+    job = CountingJob()
+    registry = await registries.start(job, customize=lambda b: b.history(False))
+    await registry.client.schedule("count", "a")
+    await wait_until(lambda: job.runs["a"] == 1, what="the run")
+    await wait_until(lambda: registry.scheduler.running == {}, what="recorded")
+    assert await registry.client.history() == []
+
+
+async def test_superseded_and_cancelled_executions_are_recorded(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    release = asyncio.Event()
+    job = RecordingJob("held", Schedules.fixed_delay(timedelta(hours=1)), block=release)
+    registry = await registries.start(job, shutdown=0.1)
+    await asyncio.wait_for(job.started.wait(), 5)
+    async with engine.begin() as conn:  # another instance revived it meanwhile
+        await conn.execute(text("UPDATE scheduled_tasks SET version = version + 1"))
+    release.set()
+    await wait_until(lambda: registry.scheduler.running == {}, what="the stale run to end")
+    await wait_until(lambda: _at_least(_history(registry, "held"), 1), what="a record")
+    (superseded,) = await registry.client.history("held")
+    assert superseded.outcome == "superseded"
+
+    blocked = RecordingJob("blocked", Schedules.fixed_delay(timedelta(hours=1)), block=asyncio.Event())
+    other = await registries.start(blocked, shutdown=0.1)
+    await asyncio.wait_for(blocked.started.wait(), 5)
+    await other.stop()
+    (cancelled,) = await registry.client.history("blocked")
+    assert cancelled.outcome == "cancelled"
+
+
+async def _history(registry: object, name: str) -> int:
+    return len(await registry.client.history(name))  # type: ignore[attr-defined]
+
+
+async def test_paused_task_is_claimed_by_no_instance_until_resumed(
+    registries: RegistryFactory,
+) -> None:
+    jobs = [RecordingJob("paced", Schedules.fixed_delay(timedelta(milliseconds=50))) for _ in "ab"]
+    first = await registries.start(jobs[0])
+    await wait_until(lambda: len(jobs[0].slots) >= 1, what="a first run")
+    await first.client.pause("paced", "maintenance window", paused_by="alice")
+    second = await registries.start(jobs[1])  # a new instance sees the pause too
+    await asyncio.sleep(0.2)  # in-flight runs drain
+    before = len(jobs[0].slots) + len(jobs[1].slots)
+    await asyncio.sleep(0.4)
+    assert len(jobs[0].slots) + len(jobs[1].slots) == before, "a paused task ran"
+    pause = (await second.client.paused())["paced"]
+    assert (pause.paused_by, pause.reason) == ("alice", "maintenance window")
+    with pytest.raises(TaskPausedError, match="paced is paused.*alice.*force=True"):
+        await second.client.run_now("paced")
+    assert await second.client.resume("paced")
+    await wait_until(
+        lambda: len(jobs[0].slots) + len(jobs[1].slots) > before + 1, what="runs after resume"
+    )
+    assert not await second.client.resume("paced"), "resuming twice says it was not paused"
+
+
+async def test_forced_run_of_a_paused_task_runs_once_and_it_stays_paused(
+    registries: RegistryFactory,
+) -> None:
+    job = RecordingJob("report", Schedules.daily(datetime.now(UTC).time().replace(microsecond=0)))
+    registry = await registries.start(job)
+    await registry.client.pause("report")
+    await registry.client.run_now("report", force=True)
+    await wait_until(lambda: len(job.slots) == 1, what="the forced run")
+    assert "report" in await registry.client.paused()
+
+
+async def test_resume_runs_an_overdue_slot_once_or_skips_it(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    catch_up = RecordingJob("catch-up", Schedules.fixed_rate(timedelta(hours=1)))
+    skip = RecordingJob("skip", Schedules.fixed_rate(timedelta(hours=1)))
+    registry = registries.build(catch_up, skip)
+    for name in ("catch-up", "skip"):
+        await registry.client.pause(name)
+    await registry.start()
+    assert await registry.wait_until_ready(5)
+    async with engine.begin() as conn:  # both slots went by while paused
+        await conn.execute(
+            text("UPDATE scheduled_tasks SET execution_time = now() - interval '3 hours'")
+        )
+    await registry.client.resume("catch-up")
+    await registry.client.resume("skip", skip_missed=True)
+    await wait_until(lambda: len(catch_up.slots) == 1, what="the overdue slot")
+    await asyncio.sleep(0.2)
+    assert skip.slots == []
+    async with engine.connect() as conn:
+        moved = (
+            await conn.execute(
+                text("SELECT execution_time FROM scheduled_tasks WHERE task_name = 'skip'")
+            )
+        ).scalar_one()
+    assert moved > datetime.now(UTC)
+
+
+async def test_instances_list_the_cluster(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    a = await registries.start(CountingJob(), customize=lambda b: b.scheduler_name("node-a"))
+    b = await registries.start(CountingJob(), customize=lambda b: b.scheduler_name("node-b"))
+    async with engine.begin() as conn:  # one that crashed a while ago
+        await conn.execute(
+            text(
+                "INSERT INTO ekbatan_scheduler_instances VALUES "
+                "('node-c', 'h', 1, now() - interval '1 hour', now() - interval '1 minute', '0')"
+            )
+        )
+    listed = {i.name: i for i in await a.client.instances()}
+    assert set(listed) == {"node-a", "node-b", "node-c"}
+    assert listed["node-a"].alive and listed["node-b"].alive and not listed["node-c"].alive
+    assert listed["node-a"].library_version
+    await b.stop()
+    assert {i.name for i in await a.client.instances()} == {"node-a", "node-c"}
+
+
+async def test_without_the_operations_tables_scheduling_still_works(
+    registries: RegistryFactory, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = create_async_engine(database_url)
+    await create_schema(engine, "bare_tasks", operations=False)
+    async with engine.begin() as conn:
+        for table in ("ekbatan_execution_history", "ekbatan_paused_tasks", "ekbatan_scheduler_instances"):
+            await conn.execute(text(f"DROP TABLE {table}"))
+    await engine.dispose()
+    job = CountingJob()
+    with caplog.at_level(logging.WARNING, logger="ekbatan_fastapi"):
+        registry = await registries.start(job, customize=lambda b: b.table_name("bare_tasks"))
+    assert any("V0002__ekbatan_operations.sql" in r.getMessage() for r in caplog.records)
+    await registry.client.schedule("count", "a")
+    await wait_until(lambda: job.runs["a"] == 1, what="a run without the tables")
+    assert await registry.client.paused() == {}
+    with pytest.raises(SchemaMissingError, match="create_schema"):
+        await registry.client.history()
