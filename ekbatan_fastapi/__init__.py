@@ -30,8 +30,8 @@ from .job import (
     OneTimeJob,
     distributed_job,
 )
-from .registry import JobRegistry, JobRegistryBuilder, SchedulerBuilder, job_registry
 from .operations import ExecutionRecord, InstanceInfo, Outcome, PauseInfo
+from .registry import JobRegistry, JobRegistryBuilder, SchedulerBuilder, job_registry
 from .repository.base import PollingStrategy
 from .scheduler import Scheduler
 from .schedules import Schedule, Schedules, parse_schedule

@@ -11,8 +11,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ekbatan_fastapi import (
-    SchemaMissingError,
     Schedules,
+    SchemaMissingError,
     TaskPausedError,
     create_schema,
 )
@@ -71,7 +71,8 @@ async def test_superseded_and_cancelled_executions_are_recorded(
     (superseded,) = await registry.client.history("held")
     assert superseded.outcome == "superseded"
 
-    blocked = RecordingJob("blocked", Schedules.fixed_delay(timedelta(hours=1)), block=asyncio.Event())
+    never = asyncio.Event()
+    blocked = RecordingJob("blocked", Schedules.fixed_delay(timedelta(hours=1)), block=never)
     other = await registries.start(blocked, shutdown=0.1)
     await asyncio.wait_for(blocked.started.wait(), 5)
     await other.stop()
@@ -97,7 +98,7 @@ async def test_paused_task_is_claimed_by_no_instance_until_resumed(
     assert len(jobs[0].slots) + len(jobs[1].slots) == before, "a paused task ran"
     pause = (await second.client.paused())["paced"]
     assert (pause.paused_by, pause.reason) == ("alice", "maintenance window")
-    with pytest.raises(TaskPausedError, match="paced is paused.*alice.*force=True"):
+    with pytest.raises(TaskPausedError, match=r"paced is paused.*alice.*force=True"):
         await second.client.run_now("paced")
     assert await second.client.resume("paced")
     await wait_until(
@@ -145,9 +146,7 @@ async def test_resume_runs_an_overdue_slot_once_or_skips_it(
     assert moved > datetime.now(UTC)
 
 
-async def test_instances_list_the_cluster(
-    registries: RegistryFactory, engine: AsyncEngine
-) -> None:
+async def test_instances_list_the_cluster(registries: RegistryFactory, engine: AsyncEngine) -> None:
     a = await registries.start(CountingJob(), customize=lambda b: b.scheduler_name("node-a"))
     b = await registries.start(CountingJob(), customize=lambda b: b.scheduler_name("node-b"))
     async with engine.begin() as conn:  # one that crashed a while ago
@@ -171,8 +170,8 @@ async def test_without_the_operations_tables_scheduling_still_works(
     engine = create_async_engine(database_url)
     await create_schema(engine, "bare_tasks", operations=False)
     async with engine.begin() as conn:
-        for table in ("ekbatan_execution_history", "ekbatan_paused_tasks", "ekbatan_scheduler_instances"):
-            await conn.execute(text(f"DROP TABLE {table}"))
+        for table in ("execution_history", "paused_tasks", "scheduler_instances"):
+            await conn.execute(text(f"DROP TABLE ekbatan_{table}"))
     await engine.dispose()
     job = CountingJob()
     with caplog.at_level(logging.WARNING, logger="ekbatan_fastapi"):

@@ -56,12 +56,16 @@ async def test_migration_and_metadata_agree(engine: AsyncEngine, database_url: s
     finally:
         await migrated_engine.dispose()
     assert from_migration == from_metadata
-    assert set(from_metadata) == set(metadata.tables) == {
-        "scheduled_tasks",
-        "ekbatan_execution_history",
-        "ekbatan_paused_tasks",
-        "ekbatan_scheduler_instances",
-    }
+    assert (
+        set(from_metadata)
+        == set(metadata.tables)
+        == {
+            "scheduled_tasks",
+            "ekbatan_execution_history",
+            "ekbatan_paused_tasks",
+            "ekbatan_scheduler_instances",
+        }
+    )
     tasks = from_metadata["scheduled_tasks"]
     assert tasks["pk"] == ["task_name", "task_instance"]
     assert set(tasks["indexes"]) == {

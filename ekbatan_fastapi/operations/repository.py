@@ -88,8 +88,8 @@ class OperationsRepository:
 
     async def pause(self, task_name: str, paused_by: str | None, reason: str | None) -> None:
         now = self.tasks.now_expr()
-        values = {"task_name": task_name, "paused_by": paused_by, "paused_at": now, "reason": reason}
         update = {"paused_by": paused_by, "paused_at": now, "reason": reason}
+        values = {"task_name": task_name, **update}
         await self.tasks._rowcount(self._upsert(self.tables.paused, values, update))
 
     async def resume(self, task_name: str) -> bool:
