@@ -253,3 +253,56 @@ async def test_revive_dead_keeps_the_slot_and_reports_the_row_as_it_was(
     assert after[alive].picked and after[alive].version == claimed[alive].version
     assert await repo.revive_dead(["d"], timedelta(minutes=1)) == []
     assert await repo.revive_dead(["other"], timedelta(seconds=0)) == []
+
+
+async def test_poll_skips_paused_task_names_once_pauses_are_enabled(
+    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+) -> None:
+    from sqlalchemy import MetaData
+
+    from ekbatan_fastapi.operations.tables import OperationsTables
+
+    paused = OperationsTables(MetaData()).paused
+    now = await repo.db_now()
+    for strategy in any_database.strategies:
+        await repo.insert_missing(
+            [
+                NewTask("held", strategy, now - timedelta(seconds=1)),
+                NewTask("held", f"{strategy}-later", now + timedelta(minutes=1)),
+                NewTask("free", f"{strategy}-later", now + timedelta(minutes=2)),
+            ]
+        )
+    async with any_engine.begin() as conn:
+        await conn.execute(insert(paused).values(task_name="held", paused_at=now))
+    repo.pauses_enabled = True
+    for strategy in any_database.strategies:
+        result = await repo.poll(["held", "free"], 10, "me", strategy)
+        assert result.claimed == [] and result.next_due == now + timedelta(minutes=2)
+    repo.pauses_enabled = False  # before the operations tables are known: no filter
+    result = await repo.poll(["held", "free"], 10, "me", any_database.strategies[0])
+    assert {r.task_name for r in result.claimed} == {"held"}
+
+
+async def test_claims_stay_exclusive_on_an_engine_configured_for_autocommit(
+    any_database: Database, any_engine: AsyncEngine
+) -> None:
+    """An application may hand over an AUTOCOMMIT engine: the claim transactions still hold."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    keys = await _due_rows(any_engine, "ac", 120)
+    engine = create_async_engine(any_database.url, isolation_level="AUTOCOMMIT")
+    try:
+        dialect = repository_class(any_database.dialect)
+        pollers = [dialect(engine, "scheduled_tasks") for _ in range(3)]
+        claimed: list[tuple[str, str]] = []
+        for strategy in any_database.strategies:
+            results = await asyncio.gather(
+                *(p.poll(["ac"], 30, f"n{i}", strategy) for i, p in enumerate(pollers))
+            )
+            claimed += [r.key for result in results for r in result.claimed]
+        assert (await pollers[0].poll([], 10, "n0", any_database.strategies[0])).claimed == []
+        rest = await pollers[0].poll(["ac"], 200, "n0", any_database.strategies[0])
+        claimed += [r.key for r in rest.claimed]
+        assert sorted(claimed) == keys, "each row claimed exactly once"
+    finally:
+        await engine.dispose()

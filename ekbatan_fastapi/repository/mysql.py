@@ -53,9 +53,12 @@ _COLUMNS = (
 _KEY = "(task_name, task_instance)"
 _OWNED = "(task_name, task_instance, version)"
 _NOW = "UTC_TIMESTAMP(6)"
+# %(wanted)s: the task names this instance polls for (less the paused ones once the
+# operations tables exist).
+_WANTED = "task_name IN :names"
 _NEXT_DUE = (
     "(SELECT MIN(execution_time) FROM {t} "
-    f"WHERE picked = 0 AND execution_time > {_NOW} AND task_name IN :names)"
+    f"WHERE picked = 0 AND execution_time > {_NOW} AND %(wanted)s)"
 )
 _DEAD = (
     f"picked = 1 AND (last_heartbeat IS NULL "
@@ -70,7 +73,7 @@ SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
 FROM (SELECT {_NOW} AS db_now, {_NEXT_DUE} AS next_due) AS x
 LEFT JOIN (
     SELECT task_name, task_instance, version, priority, execution_time FROM {{t}}
-    WHERE picked = 0 AND execution_time <= {_NOW} AND task_name IN :names
+    WHERE picked = 0 AND execution_time <= {_NOW} AND %(wanted)s
     ORDER BY priority DESC, execution_time ASC
     LIMIT :limit
 ) AS c ON TRUE
@@ -89,7 +92,7 @@ FOR UPDATE
 # Lock-and-fetch: lock due rows nobody else holds; claimed by _CLAIM in the same transaction.
 _LOCK_DUE = f"""
 SELECT {_COLUMNS}, {_NOW} AS db_now FROM {{t}}
-WHERE picked = 0 AND execution_time <= {_NOW} AND task_name IN :names
+WHERE picked = 0 AND execution_time <= {_NOW} AND %(wanted)s
 ORDER BY priority DESC, execution_time ASC
 LIMIT :limit
 FOR UPDATE SKIP LOCKED
@@ -197,10 +200,18 @@ class MySQLRepository(TaskRepository):
             return _text(template.replace("{t}", quoted), *expanding)
 
         self._sql = sql
-        self._candidates = sql(_CANDIDATES, "names")
+        paused = ".".join(f"`{part}`" for part in self.pause_table_name.split("."))
+        not_paused = f"{_WANTED} AND task_name NOT IN (SELECT task_name FROM {paused})"
+        # (candidates, lock_due, clock), without and with the pause filter
+        self._poll_sql: dict[bool, tuple[TextClause, TextClause, TextClause]] = {
+            with_pause: (
+                sql(_CANDIDATES, "names", wanted=wanted),
+                sql(_LOCK_DUE, "names", wanted=wanted),
+                sql(_CLOCK, "names", wanted=wanted),
+            )
+            for with_pause, wanted in ((False, _WANTED), (True, not_paused))
+        }
         self._lock_keys = sql(_LOCK_KEYS, "keys")
-        self._lock_due = sql(_LOCK_DUE, "names")
-        self._clock = sql(_CLOCK, "names")
         self._claim = sql(_CLAIM, "keys")
         self._lock_owned = sql(_LOCK_OWNED, "keys")
         self._delete = sql(_DELETE, "keys")
@@ -334,10 +345,9 @@ class MySQLRepository(TaskRepository):
             if not self.supports_skip_locked:
                 raise ValueError(f"{self.dialect_name} has no FOR UPDATE SKIP LOCKED")
             return await self._lock_and_fetch(list(names), limit, picked_by)
+        candidates = self._poll_sql[self.pauses_enabled][0]
         async with self._errors(), self.engine.connect() as conn:
-            rows = list(
-                await conn.execute(self._candidates, {"names": list(names), "limit": limit})
-            )
+            rows = list(await conn.execute(candidates, {"names": list(names), "limit": limit}))
         db_now = self._aware(rows[0]._mapping["db_now"])
         next_due = self.aware(rows[0]._mapping["next_due"])
         seen = {(r[2], r[3]): int(r[4]) for r in rows if r[2] is not None}
@@ -359,12 +369,14 @@ class MySQLRepository(TaskRepository):
         return PollResult(claimed, db_now, next_due)
 
     async def _lock_and_fetch(self, names: list[str], limit: int, picked_by: str) -> PollResult:
+        _, lock_due, clock_sql = self._poll_sql[self.pauses_enabled]
+
         async def run(conn: AsyncConnection) -> PollResult:
-            locked = list(await conn.execute(self._lock_due, {"names": names, "limit": limit}))
+            locked = list(await conn.execute(lock_due, {"names": names, "limit": limit}))
             claimed = await self._claim_locked(conn, locked, picked_by)
             if locked and len(locked) >= limit:
                 return PollResult(claimed, self._aware(locked[0]._mapping["db_now"]), None)
-            clock = (await conn.execute(self._clock, {"names": names})).one()
+            clock = (await conn.execute(clock_sql, {"names": names})).one()
             return PollResult(claimed, self._aware(clock[0]), self.aware(clock[1]))
 
         return await self._transaction(run, read_committed=True)
