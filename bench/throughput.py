@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, text
+from sqlalchemy import insert, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -349,7 +349,9 @@ async def load_table(engine: AsyncEngine, n: int, how: str) -> float:
 
     auto = engine.execution_options(isolation_level="AUTOCOMMIT")
     async with auto.connect() as conn:
-        await conn.execute(text(f"DROP TABLE IF EXISTS {TABLE}"))
+        # only when present: MySQL answers IF EXISTS on a missing table with a warning
+        if await conn.run_sync(lambda sync: inspect(sync).has_table(TABLE)):
+            await conn.execute(text(f"DROP TABLE {TABLE}"))
     await create_schema(engine)
     mysql = engine.dialect.name in ("mysql", "mariadb")
     started = time.perf_counter()
