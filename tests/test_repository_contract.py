@@ -306,3 +306,32 @@ async def test_claims_stay_exclusive_on_an_engine_configured_for_autocommit(
         assert sorted(claimed) == keys, "each row claimed exactly once"
     finally:
         await engine.dispose()
+
+
+async def test_insert_missing_takes_thousands_of_rows_and_none_means_the_database_clock(
+    repo: TaskRepository,
+) -> None:
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    tasks = [NewTask("bulk", f"k{i:05d}", None if i % 2 else at, b"x", 3) for i in range(5000)]
+    before = await repo.db_now()
+    inserted = await repo.insert_missing(tasks)
+    assert sorted(inserted) == sorted((t.task_name, t.task_instance) for t in tasks)
+    rows = {r.task_instance: r for r in await repo.list_tasks("bulk", limit=10_000)}
+    assert len(rows) == 5000
+    assert rows["k00000"].execution_time == at and rows["k00000"].priority == 3
+    assert before <= rows["k00001"].execution_time <= await repo.db_now()
+    assert rows["k00001"].task_data == b"x" and rows["k00001"].version == 1
+
+
+async def test_names_differing_only_in_case_are_one_row_on_mysql_two_on_postgresql(
+    repo: TaskRepository, any_engine: AsyncEngine
+) -> None:
+    """docs/databases.md: the MySQL/MariaDB key columns compare without case by default."""
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    assert await repo.insert_missing([NewTask("Report", "a", at)]) == [("Report", "a")]
+    again = await repo.insert_missing([NewTask("report", "a", at), NewTask("report", "b", at)])
+    if is_mysql(any_engine):
+        assert again == [("report", "b")]
+        assert await repo.upsert(NewTask("REPORT", "a", at), replace=False) is False
+    else:
+        assert again == [("report", "a"), ("report", "b")]

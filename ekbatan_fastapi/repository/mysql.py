@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import TextClause, bindparam, insert, literal_column, text
+from sqlalchemy import TextClause, bindparam, insert, literal_column, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import ColumnElement, Executable
@@ -44,7 +45,8 @@ ER_DUP_ENTRY = 1062
 ER_NO_SUCH_TABLE = 1146
 ER_LOCK_DEADLOCK = 1213
 _DEADLOCK_RETRIES = 5
-_INSERT_RETRIES = 10
+_CHUNK = 1000
+"""Keys per statement when reading many keys at once."""
 
 _COLUMNS = (
     "task_name, task_instance, task_data, execution_time, picked, picked_by, last_success, "
@@ -273,33 +275,59 @@ class MySQLRepository(TaskRepository):
     # -- startup and the client -------------------------------------------------------------
 
     async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
-        """Read which keys exist, insert the others with a plain ``INSERT``; when a peer
-        inserted one of them meanwhile the statement fails as a whole (duplicate key) and the
-        two steps run again, so the answer is exact. (No ``INSERT IGNORE``: it would also turn
-        a too-long value into a silent truncation.)"""
+        """Read which keys exist, insert the others with plain ``INSERT`` statements in one
+        transaction; when a peer inserted one of them meanwhile, a duplicate key rolls it all
+        back and the two steps run again, so the answer is exact. (No ``INSERT IGNORE``: it
+        would also turn a too-long value into a silent truncation.) A key that collides only
+        under the column's collation (``'Job'`` and ``'job'``) falls back to row by row."""
         unique: dict[TaskKey, NewTask] = {}
         for task in tasks:
             unique.setdefault((task.task_name, task.task_instance), task)
-        if not unique:
-            return []
-        for _ in range(_INSERT_RETRIES):
-            async with self._errors(), self.engine.connect() as conn:
-                result = await conn.execute(self._existing, {"keys": list(unique)})
-                existing = {(r[0], r[1]) for r in result}
-            missing = sorted(key for key in unique if key not in existing)
+        missing: list[TaskKey] = []
+        for _ in range(2):
+            missing = await self._missing_keys(list(unique))
             if not missing:
                 return []
-            rows = [self._values(unique[key]) for key in missing]
             try:
-                await self._write(insert(self.table).values(rows))
+                await self._transaction(functools.partial(self._insert, tasks=unique, keys=missing))
             except DBAPIError as error:
                 if _errno(error) != ER_DUP_ENTRY:
                     raise
                 continue
             return missing
-        raise RuntimeError(
-            f"insert_missing into {self.table_name}: peers kept inserting the same keys"
-        )
+        inserted = []
+        for key in missing:
+            try:
+                await self._write(insert(self.table).values(self._values(unique[key])))
+            except DBAPIError as error:
+                if _errno(error) != ER_DUP_ENTRY:
+                    raise
+            else:
+                inserted.append(key)
+        return inserted
+
+    async def _missing_keys(self, keys: list[TaskKey]) -> list[TaskKey]:
+        existing: set[TaskKey] = set()
+        async with self._errors(), self.engine.connect() as conn:
+            for start in range(0, len(keys), _CHUNK):
+                result = await conn.execute(self._existing, {"keys": keys[start : start + _CHUNK]})
+                existing.update((r[0], r[1]) for r in result)
+        return sorted(key for key in keys if key not in existing)
+
+    async def _insert(
+        self, conn: AsyncConnection, *, tasks: dict[TaskKey, NewTask], keys: list[TaskKey]
+    ) -> None:
+        """One executemany (SQLAlchemy sends it as multi-row INSERTs, 1,000 rows each)."""
+        now: datetime | None = None
+        if any(tasks[key].execution_time is None for key in keys):
+            now = (await conn.execute(select(self.now_expr()))).scalar_one()
+        rows = []
+        for key in keys:
+            row = self._values(tasks[key])
+            if tasks[key].execution_time is None:
+                row["execution_time"] = now
+            rows.append(row)
+        await conn.execute(insert(self.table), rows)
 
     def _values(self, task: NewTask) -> dict[str, Any]:
         return {
