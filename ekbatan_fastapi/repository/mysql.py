@@ -32,6 +32,7 @@ from sqlalchemy.sql import ColumnElement, Executable
 
 from ..errors import SchemaMissingError
 from ..schema import UTCDateTime
+from . import mysql_statements as q
 from .base import PollingStrategy, TaskRepository
 from .model import Finish, FinishKind, NewTask, Owned, PollResult, TaskKey, TaskRow
 
@@ -47,119 +48,6 @@ ER_LOCK_DEADLOCK = 1213
 _DEADLOCK_RETRIES = 5
 _CHUNK = 1000
 """Keys per statement when reading many keys at once."""
-
-_COLUMNS = (
-    "task_name, task_instance, task_data, execution_time, picked, picked_by, last_success, "
-    "last_failure, consecutive_failures, last_heartbeat, version, priority"
-)
-_KEY = "(task_name, task_instance)"
-_OWNED = "(task_name, task_instance, version)"
-_NOW = "UTC_TIMESTAMP(6)"
-# %(wanted)s: the task names this instance polls for (less the paused ones once the
-# operations tables exist).
-_WANTED = "task_name IN :names"
-_NEXT_DUE = (
-    "(SELECT MIN(execution_time) FROM {t} "
-    f"WHERE picked = 0 AND execution_time > {_NOW} AND %(wanted)s)"
-)
-_DEAD = (
-    f"picked = 1 AND (last_heartbeat IS NULL "
-    f"OR last_heartbeat < {_NOW} - INTERVAL :dead_us MICROSECOND)"
-)
-
-_READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
-
-# Fetch, step 1 (no locks): the clock, the next due time and the candidates, in one statement.
-_CANDIDATES = f"""
-SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
-FROM (SELECT {_NOW} AS db_now, {_NEXT_DUE} AS next_due) AS x
-LEFT JOIN (
-    SELECT task_name, task_instance, version, priority, execution_time FROM {{t}}
-    WHERE picked = 0 AND execution_time <= {_NOW} AND %(wanted)s
-    ORDER BY priority DESC, execution_time ASC
-    LIMIT :limit
-) AS c ON TRUE
-ORDER BY c.priority DESC, c.execution_time ASC
-"""
-
-# Fetch, step 2: lock the candidates in key order; those still unpicked at the version we saw
-# are claimed (the optimistic check, made under the row lock).
-_LOCK_KEYS = f"""
-SELECT {_COLUMNS}, {_NOW} AS db_now FROM {{t}}
-WHERE {_KEY} IN :keys
-ORDER BY task_name, task_instance
-FOR UPDATE
-"""
-
-# Lock-and-fetch: lock due rows nobody else holds; claimed by _CLAIM in the same transaction.
-_LOCK_DUE = f"""
-SELECT {_COLUMNS}, {_NOW} AS db_now FROM {{t}}
-WHERE picked = 0 AND execution_time <= {_NOW} AND %(wanted)s
-ORDER BY priority DESC, execution_time ASC
-LIMIT :limit
-FOR UPDATE SKIP LOCKED
-"""
-
-_CLOCK = f"SELECT {_NOW} AS db_now, {_NEXT_DUE} AS next_due"
-
-_CLAIM = f"""
-UPDATE {{t}} SET picked = 1, picked_by = :picked_by, last_heartbeat = :now, version = version + 1
-WHERE {_KEY} IN :keys AND picked = 0
-"""
-
-_LOCK_OWNED = f"""
-SELECT task_name, task_instance, version FROM {{t}}
-WHERE {_KEY} IN :keys
-ORDER BY task_name, task_instance
-FOR UPDATE
-"""
-
-_DELETE = f"DELETE FROM {{t}} WHERE {_KEY} IN :keys"
-
-_RELEASE = f"""
-UPDATE {{t}} SET picked = 0, picked_by = NULL, last_heartbeat = NULL, version = version + 1
-WHERE {_KEY} IN :keys
-"""
-
-# %(next_time)s is a CASE over the batch's keys (NULL for a key without a next time).
-_SUCCEEDED = f"""
-UPDATE {{t}} SET execution_time = COALESCE(%(next_time)s, execution_time),
-    picked = 0, picked_by = NULL, last_heartbeat = NULL,
-    last_success = {_NOW}, consecutive_failures = 0, version = version + 1
-WHERE {_KEY} IN :keys
-"""
-_FAILED = f"""
-UPDATE {{t}} SET execution_time = COALESCE(%(next_time)s, execution_time),
-    picked = 0, picked_by = NULL, last_heartbeat = NULL,
-    last_failure = {_NOW}, consecutive_failures = COALESCE(consecutive_failures, 0) + 1,
-    version = version + 1
-WHERE {_KEY} IN :keys
-"""
-
-_HEARTBEAT = f"""
-UPDATE {{t}} SET last_heartbeat = {_NOW}
-WHERE {_OWNED} IN :owned AND picked = 1
-"""
-_STILL_OWNED = f"SELECT task_name, task_instance FROM {{t}} WHERE {_OWNED} IN :owned AND picked = 1"
-
-_DEAD_CANDIDATES = f"""
-SELECT task_name, task_instance, version FROM {{t}}
-WHERE task_name IN :names AND {_DEAD}
-"""
-_LOCK_DEAD = f"""
-SELECT {_COLUMNS} FROM {{t}}
-WHERE {_OWNED} IN :owned AND {_DEAD}
-ORDER BY task_name, task_instance
-FOR UPDATE%(skip_locked)s
-"""
-
-_EXISTING = f"SELECT task_name, task_instance FROM {{t}} WHERE {_KEY} IN :keys"
-
-_REPLACE = f"""
-UPDATE {{t}} SET execution_time = COALESCE(:time, {_NOW}), task_data = :data,
-    priority = :priority, version = version + 1
-WHERE task_name = :name AND task_instance = :instance AND picked = 0
-"""
 
 
 def _errno(error: DBAPIError) -> int | None:
@@ -193,7 +81,7 @@ class MySQLRepository(TaskRepository):
             self._read_committed: TextClause | None = None
         else:
             self.engine = engine
-            self._read_committed = text(_READ_COMMITTED)
+            self._read_committed = text(q.READ_COMMITTED)
         quoted = ".".join(f"`{part}`" for part in table_name.split("."))
 
         def sql(template: str, *expanding: str, **parts: str) -> TextClause:
@@ -203,28 +91,28 @@ class MySQLRepository(TaskRepository):
 
         self._sql = sql
         paused = ".".join(f"`{part}`" for part in self.pause_table_name.split("."))
-        not_paused = f"{_WANTED} AND task_name NOT IN (SELECT task_name FROM {paused})"
+        not_paused = f"{q.WANTED} AND task_name NOT IN (SELECT task_name FROM {paused})"
         # (candidates, lock_due, clock), without and with the pause filter
         self._poll_sql: dict[bool, tuple[TextClause, TextClause, TextClause]] = {
             with_pause: (
-                sql(_CANDIDATES, "names", wanted=wanted),
-                sql(_LOCK_DUE, "names", wanted=wanted),
-                sql(_CLOCK, "names", wanted=wanted),
+                sql(q.CANDIDATES, "names", wanted=wanted),
+                sql(q.LOCK_DUE, "names", wanted=wanted),
+                sql(q.CLOCK, "names", wanted=wanted),
             )
-            for with_pause, wanted in ((False, _WANTED), (True, not_paused))
+            for with_pause, wanted in ((False, q.WANTED), (True, not_paused))
         }
-        self._lock_keys = sql(_LOCK_KEYS, "keys")
-        self._claim = sql(_CLAIM, "keys")
-        self._lock_owned = sql(_LOCK_OWNED, "keys")
-        self._delete = sql(_DELETE, "keys")
-        self._release = sql(_RELEASE, "keys")
-        self._heartbeat = sql(_HEARTBEAT, "owned")
-        self._still_owned = sql(_STILL_OWNED, "owned")
-        self._dead_candidates = sql(_DEAD_CANDIDATES, "names")
+        self._lock_keys = sql(q.LOCK_KEYS, "keys")
+        self._claim = sql(q.CLAIM, "keys")
+        self._lock_owned = sql(q.LOCK_OWNED, "keys")
+        self._delete = sql(q.DELETE, "keys")
+        self._release = sql(q.RELEASE, "keys")
+        self._heartbeat = sql(q.HEARTBEAT, "owned")
+        self._still_owned = sql(q.STILL_OWNED, "owned")
+        self._dead_candidates = sql(q.DEAD_CANDIDATES, "names")
         skip = " SKIP LOCKED" if self.supports_skip_locked else ""
-        self._lock_dead = sql(_LOCK_DEAD, "owned", skip_locked=skip)
-        self._existing = sql(_EXISTING, "keys")
-        self._replace = sql(_REPLACE)
+        self._lock_dead = sql(q.LOCK_DEAD, "owned", skip_locked=skip)
+        self._existing = sql(q.EXISTING, "keys")
+        self._replace = sql(q.REPLACE)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -270,7 +158,7 @@ class MySQLRepository(TaskRepository):
 
     def now_expr(self) -> ColumnElement[datetime]:
         """``UTC_TIMESTAMP(6)``: ``NOW()`` would follow the session time zone."""
-        return literal_column(_NOW, UTCDateTime())
+        return literal_column(q.NOW, UTCDateTime())
 
     # -- startup and the client -------------------------------------------------------------
 
@@ -480,7 +368,7 @@ class MySQLRepository(TaskRepository):
                     }
                 )
         next_time = f"CASE {' '.join(whens)} END" if whens else "NULL"
-        template = _SUCCEEDED if kind is FinishKind.SUCCEEDED else _FAILED
+        template = q.SUCCEEDED if kind is FinishKind.SUCCEEDED else q.FAILED
         return self._sql(template, "keys", next_time=next_time), params
 
     async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
