@@ -254,7 +254,7 @@ async def test_admin_dependency_refuses(engine: AsyncEngine, database_url: str) 
     ok = RecordingJob("ok-job", Schedules.fixed_delay(HOUR))
     router = create_jobs_router(admin_dependency=require_token)
     async with serving(database_url, ok, router=router) as (client, state):
-        await wait_until(lambda: bool(ok.slots), what="first run")
+        await wait_until(lambda: _states(client, {"ok-job": "scheduled"}), what="first run")
         before = await state.client.get("ok-job", "recurring")
         refused = await client.post("/jobs/ok-job/run")
         assert refused.status_code == 403
@@ -309,6 +309,21 @@ async def test_run_now_answers_409_while_running_and_404_when_unknown(
             release.set()
     finally:
         release.set()
+
+
+async def test_run_now_of_a_paused_task_needs_force(engine: AsyncEngine, database_url: str) -> None:
+    ok = RecordingJob("ok-job", Schedules.fixed_delay(HOUR))
+    router = create_jobs_router(admin_dependency=require_token)
+    headers = {"x-admin-token": "let-me-in"}
+    async with serving(database_url, ok, router=router) as (client, state):
+        await wait_until(lambda: _states(client, {"ok-job": "scheduled"}), what="first run")
+        await state.client.pause("ok-job", "maintenance")
+        refused = await client.post("/jobs/ok-job/run", headers=headers)
+        assert refused.status_code == 409
+        assert "paused" in refused.json()["detail"]
+        forced = await client.post("/jobs/ok-job/run?force=true", headers=headers)
+        assert forced.status_code == 202
+        await wait_until(lambda: len(ok.slots) == 2, what="forced run")
 
 
 async def test_unreachable_database_answers_503_on_every_route(database_url: str) -> None:

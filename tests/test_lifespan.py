@@ -336,7 +336,7 @@ async def test_no_database_configured_fails_startup_naming_the_key() -> None:
 async def test_jobs_modules_from_settings_are_imported_and_discovered(
     engine: AsyncEngine, database_url: str
 ) -> None:
-    sys.modules.pop("tests.discoverable_jobs", None)
+    assert "tests.discoverable_jobs" not in sys.modules  # imported because settings list it
     settings = fast_settings(database_url, modules=["tests.discoverable_jobs"])
     app = FastAPI(lifespan=create_ekbatan_lifespan(settings=settings))
     async with running(app):

@@ -12,6 +12,8 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
+
 from ..client import ScheduledTask
 from ..codec import TaskDataError
 from ..durations import format_iso_duration
@@ -24,6 +26,7 @@ from .state import EkbatanState
 __all__ = [
     "build_report",
     "derive_state",
+    "describe_failure",
     "is_valid_name",
     "overdue_after",
     "redact",
@@ -65,6 +68,14 @@ def redact(text: str) -> str:
     """An error message fit for ``/jobs``: no SQL parameters, no passwords in URLs."""
     text = text.split("\n[SQL:", 1)[0].split("\n(Background on this error", 1)[0]
     return mask_url(text.strip())[:500]
+
+
+def describe_failure(error: BaseException) -> str:
+    """``database unreachable: ...`` for connection and driver errors, else what failed."""
+    what = redact(f"{type(error).__name__}: {error}")
+    if isinstance(error, DBAPIError | OSError):
+        return f"database unreachable: {what}"
+    return f"cannot read the tasks: {what}"
 
 
 def _task_data(task: ScheduledTask) -> Any:
@@ -169,8 +180,8 @@ async def build_report(
         problems.append(f"database unreachable: no answer within {timeout:g}s")
     except SchemaMissingError as error:
         problems.append(str(error))
-    except Exception as error:
-        problems.append(f"database unreachable: {redact(f'{type(error).__name__}: {error}')}")
+    except Exception as error:  # a probe answers 503 with the reason rather than 500
+        problems.append(f"{describe_failure(error)}")
     else:
         tasks = [task_view(t, now, state, include_task_data=include_task_data) for t in rows]
     for task in tasks:

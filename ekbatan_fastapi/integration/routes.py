@@ -13,11 +13,19 @@ from enum import Enum
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, params
+from sqlalchemy.exc import DBAPIError
 
-from ..errors import ConfigurationError, TaskNotFoundError, TaskPickedError
+from ..errors import (
+    ConfigurationError,
+    SchemaMissingError,
+    TaskNotFoundError,
+    TaskPausedError,
+    TaskPickedError,
+    UnknownJobError,
+)
 from ..job import RECURRING_INSTANCE
 from .dependencies import get_ekbatan
-from .health import build_report, is_valid_name, redact
+from .health import build_report, describe_failure, is_valid_name
 from .models import JobsReport, RunNowResult
 from .state import EkbatanState
 
@@ -129,7 +137,7 @@ def _add_admin_routes(router: APIRouter, guard: params.Depends, timeout: float) 
         dependencies=[guard],
         responses={
             404: {"description": "No task instance of that name"},
-            409: {"description": "The instance is running right now"},
+            409: {"description": "The instance is running right now, or the task is paused"},
             503: {"description": "The database is unreachable"},
         },
         summary="Run a task instance now",
@@ -138,24 +146,29 @@ def _add_admin_routes(router: APIRouter, guard: params.Depends, timeout: float) 
         name: Name,
         state: State,
         instance: Instance = RECURRING_INSTANCE,
+        force: Annotated[
+            bool, Query(description="run a paused task once anyway (on this instance)")
+        ] = False,
     ) -> RunNowResult:
-        """Make the instance due now (the database's clock), keeping its failure counters."""
+        """Make the instance due now (the database's clock), keeping its failure counters.
+        A paused task answers 409 unless ``force``."""
         if not is_valid_name(name) or not is_valid_name(instance):
             raise HTTPException(422, detail="names are 1 to 100 characters")
         try:
             async with asyncio.timeout(timeout):
-                await state.client.run_now(name, instance)
+                await state.client.run_now(name, instance, force=force)
         except TaskNotFoundError as error:
             raise HTTPException(404, detail=str(error)) from None
-        except TaskPickedError as error:
+        except (TaskPickedError, TaskPausedError, UnknownJobError) as error:
             raise HTTPException(409, detail=str(error)) from None
         except ConfigurationError as error:
             raise HTTPException(422, detail=str(error)) from None
+        except SchemaMissingError as error:
+            raise HTTPException(503, detail=str(error)) from None
         except TimeoutError:
             raise HTTPException(503, detail="database unreachable: no answer in time") from None
-        except Exception as error:
-            detail = redact(f"database unreachable: {type(error).__name__}: {error}")
-            raise HTTPException(503, detail=detail) from None
+        except (DBAPIError, OSError) as error:
+            raise HTTPException(503, detail=describe_failure(error)) from None
         return RunNowResult(
             name=name, instance=instance, detail="due now; it runs at the next poll"
         )
