@@ -89,3 +89,41 @@ def test_resolving_a_mysql_url_imports_no_driver() -> None:
         "assert 'asyncmy' not in sys.modules, 'asyncmy was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_a_mariadb_url_runs_jobs_on_a_mariadb_server(mysql_server_url: str) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from ekbatan_fastapi import Schedules, create_schema
+
+    from .conftest import fresh_mysql_database
+    from .helpers import RecordingJob, wait_until
+
+    async with fresh_mysql_database(mysql_server_url) as url:
+        engine = create_async_engine(url)
+        try:
+            async with engine.connect() as conn:
+                version = (await conn.execute(text("SELECT VERSION()"))).scalar_one()
+            if "mariadb" not in str(version).lower():
+                pytest.skip(f"the server is not MariaDB ({version})")
+            await create_schema(engine)
+        finally:
+            await engine.dispose()
+        mariadb_url = make_url(url).set(drivername="mariadb+asyncmy")
+        job = RecordingJob("tick", Schedules.fixed_delay(timedelta(milliseconds=50)))
+        registry = (
+            job_registry()
+            .connection_provider(mariadb_url)
+            .with_job(job)
+            .poll_interval(timedelta(seconds=0.2))
+            .heartbeat_interval(timedelta(seconds=0.1))
+            .build()
+        )
+        assert type(registry.repository) is MariaDBRepository
+        async with registry:
+            await wait_until(lambda: len(job.slots) >= 3, what="three runs")
+        assert registry.status().last_error is None
