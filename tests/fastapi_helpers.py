@@ -15,13 +15,15 @@ from ekbatan_fastapi.settings import EkbatanSettings
 FAST_JOBS = {
     "polling-interval": "PT0.1S",
     "heartbeat-interval": "PT0.1S",
+    # Dead after 2 s: a test machine under load must not see live executions as dead.
+    "missed-heartbeats-limit": "20",
     "shutdown-max-wait": "PT2S",
 }
 SLOT_ENV = "EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG"
 
 
 def fast_settings(url: str, **jobs: Any) -> EkbatanSettings:
-    """Settings for ``url`` with 0.1 s polling and heartbeats, and a 2 s shutdown wait."""
+    """Settings for ``url``: 0.1 s polling and heartbeats, dead after 2 s, 2 s shutdown wait."""
     return EkbatanSettings(
         jobs={**FAST_JOBS, **jobs},
         sharding={"groups": [{"members": [{"configs": {"jobs-config": {"url": url}}}]}]},

@@ -46,7 +46,9 @@ def example_env(**extra: str) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         EXAMPLE_DEMO_INTERVAL="PT0.2S",
         EKBATAN_JOBS__POLLING_INTERVAL="PT0.1S",
-        EKBATAN_JOBS__HEARTBEAT_INTERVAL="PT0.1S",
+        # Executions take milliseconds; a long dead window keeps a briefly stalled process
+        # (a loaded test machine) from having its execution revived and run a second time.
+        EKBATAN_JOBS__HEARTBEAT_INTERVAL="PT1S",
         EKBATAN_JOBS__SHUTDOWN_MAX_WAIT="PT2S",
     )
     env.update(extra)
