@@ -24,14 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
+from .backoff import Backoff
 from .config import SchedulerConfig
-from .errors import ConfigurationError, SchemaMissingError
+from .errors import ConfigurationError
 from .execution import Execution
+from .housekeeping import Housekeeping
 from .job import RECURRING_INSTANCE, DistributedJob, HeartbeatState, _Job
+from .lag import LoopLagMonitor
 from .operations.recorder import OperationsRecorder
 from .operations.repository import OperationsRepository
 from .repository.base import PollingStrategy, TaskRepository
-from .repository.model import Finish, NewTask, TaskKey, TaskRow
+from .repository.model import Finish, TaskKey, TaskRow
 from .schedules import Schedule
 from .status import ExecutionStatus, SchedulerStatus
 
@@ -39,28 +42,10 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 
-_RESCHEDULE_GUARD = timedelta(seconds=10)
 _MAX_FINISH_BATCH = 1000
-_MIN_BACKOFF = 0.05
 
 
-class _Backoff:
-    """Exponential backoff from 50 ms up to ``cap`` seconds."""
-
-    def __init__(self, cap: float) -> None:
-        self.cap = max(cap, _MIN_BACKOFF)
-        self.current = _MIN_BACKOFF
-
-    def next(self) -> float:
-        value = self.current
-        self.current = min(self.cap, self.current * 2)
-        return value
-
-    def reset(self) -> None:
-        self.current = _MIN_BACKOFF
-
-
-class Scheduler:
+class Scheduler(Housekeeping):
     """Runs the registered jobs against one ``scheduled_tasks`` table."""
 
     def __init__(
@@ -122,9 +107,13 @@ class Scheduler:
         self._last_error_logged = -1e9
         self._last_poll: datetime | None = None
         self._loop_restarts = 0
-        self._lag_events = 0
-        self._max_lag = 0.0
-        self._last_lag: datetime | None = None
+        self.lag = LoopLagMonitor(
+            self.name,
+            config.heartbeat_interval,
+            config.dead_after,
+            suspects=lambda: sorted({e.label for e in self.running.values() if e.job.is_async}),
+            now=self.db_time,
+        )
         self._last_unresolved_check = -1e9
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -149,7 +138,7 @@ class Scheduler:
             "poller": self._poll_loop,
             "completer": self._complete_loop,
             "housekeeper": self._housekeeping_loop,
-            "loop-lag monitor": self._lag_monitor_loop,
+            "loop-lag monitor": self.lag.run,
             "history writer": self.recorder.run,
         }
         if self.config.listen and self.repository.supports_notify:
@@ -295,7 +284,7 @@ class Scheduler:
     # -- loops -----------------------------------------------------------------------------
 
     async def _supervise(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
-        backoff = _Backoff(self.config.polling_interval.total_seconds())
+        backoff = Backoff(self.config.polling_interval.total_seconds())
         while True:
             try:
                 await loop()
@@ -315,72 +304,10 @@ class Scheduler:
                 self._last_error = f"{name} loop crashed (restarted)"
                 await asyncio.sleep(delay)
 
-    async def _bootstrap(self) -> None:
-        backoff = _Backoff(self.config.polling_interval.total_seconds())
-        while not self._stopping:
-            try:
-                await self._create_recurring_rows()
-                if await self.recorder.check():
-                    await self.recorder.report_instance(self._started_at or self.db_time())
-            except SchemaMissingError as error:
-                self._db_reachable = True
-                self._last_error = str(error)
-                log.error("scheduler %s: %s", self.name, error, extra={"scheduler": self.name})
-            except Exception as error:
-                self._db_failed(error, "startup")
-            else:
-                self._ready.set()
-                return
-            await self._sleep(backoff.next())
-
-    async def _create_recurring_rows(self) -> None:
-        """Insert missing recurring rows, move changed deterministic schedules, drop disabled."""
-        repo = self.repository
-        db_now = await repo.db_now()
-        self._observe_db_time(db_now)
-        enabled = {n: s for n, s in self.schedules.items() if not s.is_disabled}
-        inserted: set[TaskKey] = set(
-            await repo.insert_missing(
-                [
-                    NewTask(
-                        name,
-                        RECURRING_INSTANCE,
-                        schedule.initial_execution_time(db_now),
-                        priority=self.jobs[name].priority(),
-                    )
-                    for name, schedule in enabled.items()
-                ]
-            )
-        )
-        deterministic = [
-            n
-            for n, s in enabled.items()
-            if s.is_deterministic and (n, RECURRING_INSTANCE) not in inserted
-        ]
-        for row in (
-            await repo.recurring_rows(deterministic, RECURRING_INSTANCE) if deterministic else []
-        ):
-            if row.picked or row.execution_time <= db_now + _RESCHEDULE_GUARD:
-                continue
-            expected = enabled[row.task_name].initial_execution_time(db_now)
-            if expected != row.execution_time and await repo.reschedule(
-                row.task_name, row.task_instance, expected, expected_version=row.version
-            ):
-                log.info(
-                    "schedule of %s changed: moved its next run from %s to %s",
-                    row.task_name,
-                    row.execution_time.isoformat(),
-                    expected.isoformat(),
-                    extra=self._extra(row),
-                )
-        for name, schedule in self.schedules.items():
-            if schedule.is_disabled and await repo.delete_unpicked(name, RECURRING_INSTANCE):
-                log.info("%s is disabled: removed its row", name, extra={"task_name": name})
-
     async def _poll_loop(self) -> None:
         if not self._ready.is_set():
             await self._bootstrap()
-        backoff = _Backoff(self.config.polling_interval.total_seconds())
+        backoff = Backoff(self.config.polling_interval.total_seconds())
         interval = self.config.polling_interval.total_seconds()
         while not self._stopping:
             if len(self.running) >= self.batch_size:
@@ -496,7 +423,7 @@ class Scheduler:
             self.note_due(finish.next_time)
 
     async def _complete_loop(self) -> None:
-        backoff = _Backoff(self.config.polling_interval.total_seconds())
+        backoff = Backoff(self.config.polling_interval.total_seconds())
         while True:
             if not self._pending:
                 if self._completer_closed:
@@ -523,137 +450,6 @@ class Scheduler:
             if was_full and len(self.running) < self.batch_size:
                 self.request_poll()
 
-    async def _housekeeping_loop(self) -> None:
-        interval = self.config.heartbeat_interval.total_seconds()
-        while True:
-            await asyncio.sleep(interval)
-            await self._heartbeat()
-            if self._stopping or not self._ready.is_set():
-                continue
-            await self.recorder.report_instance(self._started_at or self.db_time())
-            await self._revive_dead()
-            await self._maintain()
-
-    async def _heartbeat(self) -> None:
-        executions = [e for e in self.running.values()]
-        if not executions:
-            return
-        try:
-            alive = await self.repository.heartbeat([e.owned for e in executions])
-        except Exception as error:
-            self._db_failed(error, "heartbeat")
-            for execution in executions:
-                execution.heartbeat.record_failure()
-            return
-        for execution in executions:
-            if execution.row.key in alive:
-                execution.heartbeat.record_success()
-            elif execution.row.key in self.running and not execution.recording:
-                execution.heartbeat.record_failure()
-                if execution.heartbeat.failed_heartbeats > 1:
-                    continue
-                log.warning(
-                    "heartbeat of %s found the row revived elsewhere (%d failed heartbeats); "
-                    "this execution can no longer record its result",
-                    execution.label,
-                    execution.heartbeat.failed_heartbeats,
-                    extra=self._extra(execution.row),
-                )
-
-    async def _revive_dead(self) -> None:
-        try:
-            revived = await self.repository.revive_dead(self._active, self.config.dead_after)
-        except Exception as error:
-            self._db_failed(error, "dead-execution check")
-            return
-        for row in revived:
-            log.warning(
-                "revived dead execution %s/%s (slot %s, picked by %s, last heartbeat %s)",
-                row.task_name,
-                row.task_instance,
-                row.execution_time.isoformat(),
-                row.picked_by,
-                row.last_heartbeat.isoformat() if row.last_heartbeat else "never",
-                extra=self._extra(row),
-            )
-        if revived:
-            self.request_poll()
-
-    async def _maintain(self) -> None:
-        """Hourly (and at the first housekeeping round): delete unresolved rows, prune history
-        and long-gone instances."""
-        now = self.clock.monotonic()
-        period = min(3600.0, self.config.delete_unresolved_after.total_seconds())
-        if now - self._last_unresolved_check < period:
-            return
-        self._last_unresolved_check = now
-        try:
-            deleted = await self.repository.delete_unresolved(
-                list(self.jobs), self.config.delete_unresolved_after
-            )
-            await self.recorder.maintain()
-        except Exception as error:
-            self._db_failed(error, "housekeeping (unresolved rows, history pruning)")
-            return
-        if deleted:
-            log.warning(
-                "deleted %d unresolved rows (task names no registered job knows) older than %s",
-                deleted,
-                self.config.delete_unresolved_after,
-                extra={"scheduler": self.name},
-            )
-
-    async def _listen_loop(self) -> None:
-        """Hold a LISTEN connection: work scheduled by any instance wakes this one at once."""
-        await self._ready.wait()
-        backoff = _Backoff(self.config.polling_interval.total_seconds())
-        while not self._stopping:
-            began = self.clock.monotonic()
-            try:
-                await self.repository.listen(self._notified)
-            except Exception as error:
-                if self.clock.monotonic() - began > 5:
-                    backoff.reset()
-                self._db_failed(error, "listening for notifications")
-            await asyncio.sleep(backoff.next())
-
-    def _notified(self, when: datetime | None) -> None:
-        if when is None or when <= self.db_time():
-            self.request_poll()
-        else:
-            self.note_due(when)
-
-    async def _lag_monitor_loop(self) -> None:
-        """Detect a blocked event loop: it delays heartbeats, so peers may revive our work."""
-        loop = asyncio.get_running_loop()
-        tick = 0.1
-        threshold = max(0.1, min(1.0, self.config.heartbeat_interval.total_seconds() / 2))
-        danger = self.config.dead_after.total_seconds() / 2
-        while True:
-            before = loop.time()
-            await asyncio.sleep(tick)
-            lag = loop.time() - before - tick
-            if lag < threshold:
-                continue
-            self._lag_events += 1
-            self._max_lag = max(self._max_lag, lag)
-            self._last_lag = self.db_time()
-            suspects = sorted({e.label for e in self.running.values() if e.job.is_async})
-            log.log(
-                logging.ERROR if lag >= danger else logging.WARNING,
-                "scheduler %s: the event loop was blocked for %.2fs (heartbeat every %s, dead "
-                "after %s%s). Running async executions: %s. Synchronous work inside an "
-                "`async def execute` blocks heartbeats; make it a plain `def` (it then runs in "
-                "a thread) or await it via asyncio.to_thread",
-                self.name,
-                lag,
-                self.config.heartbeat_interval,
-                self.config.dead_after,
-                "; peers may revive this instance's executions" if lag >= danger else "",
-                ", ".join(suspects) or "none",
-                extra={"scheduler": self.name},
-            )
-
     # -- reporting -------------------------------------------------------------------------
 
     def _extra(self, row: TaskRow) -> dict[str, Any]:
@@ -676,9 +472,9 @@ class Scheduler:
             polling_strategy=self.polling_strategy,
             batch_size=self.batch_size,
             loop_restarts=self._loop_restarts,
-            loop_lag_events=self._lag_events,
-            max_loop_lag=self._max_lag,
-            last_loop_lag_at=self._last_lag,
+            loop_lag_events=self.lag.events,
+            max_loop_lag=self.lag.max_lag,
+            last_loop_lag_at=self.lag.last_at,
             running=[
                 ExecutionStatus(
                     task_name=e.row.task_name,
