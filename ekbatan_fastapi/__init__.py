@@ -1,10 +1,13 @@
 """ekbatan-fastapi: cluster-wide recurring background jobs over one ``scheduled_tasks`` table.
 
-The core (everything importable from here) never imports FastAPI; the FastAPI integration
-lives in ``ekbatan_fastapi.fastapi``.
+The core never imports FastAPI; the FastAPI integration lives in ``ekbatan_fastapi.integration``
+and its names (``ekbatan_lifespan``, ``jobs_router``, ...) are re-exported here lazily, so
+``import ekbatan_fastapi`` alone does not import FastAPI.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .client import ScheduledTask, SchedulerClient
 from .clock import Clock, OffsetClock, SystemClock
@@ -40,7 +43,53 @@ from .status import ExecutionStatus, SchedulerStatus
 
 __version__ = "0.1.0"
 
-__all__ = [
+_INTEGRATION = frozenset(
+    {
+        "EkbatanLifespan",
+        "EkbatanState",
+        "JobsReport",
+        "build_registry",
+        "create_ekbatan_lifespan",
+        "create_jobs_router",
+        "ekbatan_lifespan",
+        "get_ekbatan",
+        "get_ekbatan_settings",
+        "get_scheduler_client",
+        "jobs_router",
+    }
+)
+
+if TYPE_CHECKING:
+    from .integration import (
+        EkbatanLifespan,
+        EkbatanState,
+        JobsReport,
+        build_registry,
+        create_ekbatan_lifespan,
+        create_jobs_router,
+        ekbatan_lifespan,
+        get_ekbatan,
+        get_ekbatan_settings,
+        get_scheduler_client,
+        jobs_router,
+    )
+    from .settings import EkbatanSettings
+
+
+def __getattr__(name: str) -> Any:
+    """The FastAPI integration and the settings, imported on first use."""
+    if name in _INTEGRATION:
+        from . import integration
+
+        return getattr(integration, name)
+    if name == "EkbatanSettings":
+        from .settings import EkbatanSettings
+
+        return EkbatanSettings
+    raise AttributeError(f"module 'ekbatan_fastapi' has no attribute {name!r}")
+
+
+__all__ = [  # noqa: RUF022 - the integration's names are listed last, after the core's
     "RECURRING_INSTANCE",
     "Clock",
     "ConfigurationError",
@@ -85,4 +134,16 @@ __all__ = [
     "metadata",
     "parse_schedule",
     "scheduled_tasks",
+    "EkbatanLifespan",
+    "EkbatanSettings",
+    "EkbatanState",
+    "JobsReport",
+    "build_registry",
+    "create_ekbatan_lifespan",
+    "create_jobs_router",
+    "ekbatan_lifespan",
+    "get_ekbatan",
+    "get_ekbatan_settings",
+    "get_scheduler_client",
+    "jobs_router",
 ]
