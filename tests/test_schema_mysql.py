@@ -1,4 +1,4 @@
-"""The MySQL and MariaDB migrations and the exported MetaData describe the same table.
+"""The MySQL and MariaDB migrations and the exported MetaData describe the same tables.
 
 Runs on the server named by EKBATAN_TEST_MYSQL_URL (skipped without it), like
 ``test_schema.py`` does for PostgreSQL.
@@ -19,57 +19,81 @@ from ekbatan_fastapi import create_schema
 from .conftest import fresh_mysql_database
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+TABLES = (
+    "scheduled_tasks",
+    "ekbatan_execution_history",
+    "ekbatan_paused_tasks",
+    "ekbatan_scheduler_instances",
+)
+
+
+def _describe_table(inspector: Any, table: str) -> dict[str, Any]:
+    columns = {c["name"]: (str(c["type"]), c["nullable"]) for c in inspector.get_columns(table)}
+    indexes = {
+        i["name"]: (tuple(i["column_names"]), tuple(sorted(i.get("column_sorting", {}).items())))
+        for i in inspector.get_indexes(table)
+    }
+    pk = inspector.get_pk_constraint(table)["constrained_columns"]
+    return {"columns": columns, "indexes": indexes, "pk": pk}
 
 
 def _describe(sync_conn: Any) -> dict[str, Any]:
     inspector = inspect(sync_conn)
-    columns = {
-        c["name"]: (str(c["type"]), c["nullable"]) for c in inspector.get_columns("scheduled_tasks")
-    }
-    indexes = {
-        i["name"]: (tuple(i["column_names"]), tuple(sorted(i.get("column_sorting", {}).items())))
-        for i in inspector.get_indexes("scheduled_tasks")
-    }
-    pk = inspector.get_pk_constraint("scheduled_tasks")["constrained_columns"]
-    return {"columns": columns, "indexes": indexes, "pk": pk}
+    return {t: _describe_table(inspector, t) for t in sorted(inspector.get_table_names())}
 
 
-async def _state(engine: AsyncEngine) -> tuple[dict[str, Any], str]:
+async def _state(engine: AsyncEngine) -> tuple[dict[str, Any], dict[str, str]]:
     async with engine.connect() as conn:
         described = await conn.run_sync(_describe)
-        ddl = (await conn.execute(text("SHOW CREATE TABLE scheduled_tasks"))).one()[1]
-    # the server's own DDL, line by line; index order follows creation order, so sorted
-    return described, "\n".join(sorted(line.strip().rstrip(",") for line in ddl.splitlines()))
+        ddl = {}
+        for table in described:
+            create = (await conn.execute(text(f"SHOW CREATE TABLE `{table}`"))).one()[1]
+            # the server's own DDL, line by line; index order follows creation order: sorted
+            lines = (line.strip().rstrip(",") for line in create.splitlines())
+            ddl[table] = "\n".join(sorted(lines))
+    return described, ddl
 
 
-async def _built(url: str, migration: str | None) -> tuple[dict[str, Any], str]:
+def _statements(path: Path) -> list[str]:
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("--")]
+    return [s for s in "\n".join(lines).split(";") if s.strip()]
+
+
+async def _built(url: str, migrations: list[Path] | None) -> tuple[dict[str, Any], dict[str, str]]:
     engine = create_async_engine(url)
     try:
-        if migration is None:
+        if migrations is None:
             assert await create_schema(engine) is True
             assert await create_schema(engine) is False  # idempotent
         else:
-            sql = "\n".join(line for line in migration.splitlines() if not line.startswith("--"))
             async with engine.begin() as conn:
-                for statement in sql.split(";"):
-                    if statement.strip():
+                for migration in migrations:
+                    for statement in _statements(migration):
                         await conn.execute(text(statement))
         return await _state(engine)
     finally:
         await engine.dispose()
 
 
+def _column(ddl: str, column: str, sql_type: str) -> None:
+    line = rf"^`{column}` {re.escape(sql_type)}( DEFAULT NULL)?$"
+    assert re.search(line, ddl, re.MULTILINE), (column, ddl)
+
+
 @pytest.mark.parametrize("dialect", ["mysql", "mariadb"])
-async def test_migration_and_metadata_agree(mysql_server_url: str, dialect: str) -> None:
-    migration = (MIGRATIONS / dialect / "V0001__create_scheduled_tasks.sql").read_text()
+async def test_migrations_and_metadata_agree(mysql_server_url: str, dialect: str) -> None:
+    migrations = sorted((MIGRATIONS / dialect).glob("V*.sql"))
+    assert [m.name[:5] for m in migrations] == ["V0001", "V0002"]
     async with fresh_mysql_database(mysql_server_url) as url:
         from_metadata = await _built(url, None)
     async with fresh_mysql_database(mysql_server_url) as url:
-        from_migration = await _built(url, migration)
+        from_migration = await _built(url, migrations)
     assert from_migration == from_metadata
     described, ddl = from_metadata
-    assert described["pk"] == ["task_name", "task_instance"]
-    assert set(described["indexes"]) == {
+    assert tuple(sorted(described)) == tuple(sorted(TABLES))
+    tasks = described["scheduled_tasks"]
+    assert tasks["pk"] == ["task_name", "task_instance"]
+    assert set(tasks["indexes"]) == {
         "execution_time_idx",
         "last_heartbeat_idx",
         "priority_execution_time_idx",
@@ -86,6 +110,34 @@ async def test_migration_and_metadata_agree(mysql_server_url: str, dialect: str)
         ("version", "bigint(20) NOT NULL"),
         ("priority", "smallint(6)"),
     ]:
-        line = rf"^`{column}` {re.escape(sql_type)}( DEFAULT NULL)?$"
-        assert re.search(line, ddl, re.MULTILINE), (column, ddl)
-    assert "KEY `priority_execution_time_idx` (`priority` DESC,`execution_time`)" in ddl
+        _column(ddl["scheduled_tasks"], column, sql_type)
+    assert (
+        "KEY `priority_execution_time_idx` (`priority` DESC,`execution_time`)"
+        in ddl["scheduled_tasks"]
+    )
+
+
+async def test_operations_tables_have_the_documented_types(mysql_server_url: str) -> None:
+    async with fresh_mysql_database(mysql_server_url) as url:
+        described, ddl = await _built(url, sorted((MIGRATIONS / "mysql").glob("V*.sql")))
+    history = ddl["ekbatan_execution_history"]
+    for column, sql_type in [
+        ("id", "bigint(20) NOT NULL AUTO_INCREMENT"),
+        ("task_name", "varchar(100) NOT NULL"),
+        ("execution_time", "datetime(6) NOT NULL"),
+        ("picked_by", "varchar(50)"),
+        ("finished_at", "datetime(6) NOT NULL"),
+        ("outcome", "varchar(20) NOT NULL"),
+        ("error_class", "varchar(200)"),
+        ("error_message", "varchar(2000)"),
+    ]:
+        _column(history, column, sql_type)
+    assert "KEY `ekbatan_history_task_idx` (`task_name`,`id`)" in history
+    assert "KEY `ekbatan_history_finished_idx` (`finished_at`)" in history
+    _column(ddl["ekbatan_paused_tasks"], "reason", "varchar(1000)")
+    _column(ddl["ekbatan_paused_tasks"], "paused_at", "datetime(6) NOT NULL")
+    _column(ddl["ekbatan_scheduler_instances"], "host", "varchar(255) NOT NULL")
+    _column(ddl["ekbatan_scheduler_instances"], "pid", "int(11) NOT NULL")
+    assert described["ekbatan_paused_tasks"]["pk"] == ["task_name"]
+    assert described["ekbatan_scheduler_instances"]["pk"] == ["name"]
+    assert described["ekbatan_execution_history"]["pk"] == ["id"]
