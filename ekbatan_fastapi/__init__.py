@@ -33,6 +33,7 @@ from .job import (
     OneTimeJob,
     distributed_job,
 )
+from .observer import ExecutionFinished, SchedulerObserver
 from .operations import ExecutionRecord, InstanceInfo, Outcome, PauseInfo
 from .registry import JobRegistry, JobRegistryBuilder, SchedulerBuilder, job_registry
 from .repository.base import PollingStrategy
@@ -97,6 +98,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "DistributedJob",
     "EkbatanError",
     "ExecutionContext",
+    "ExecutionFinished",
     "ExecutionRecord",
     "ExecutionStatus",
     "ExponentialBackoff",
@@ -119,6 +121,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "SchedulerBuilder",
     "SchedulerClient",
     "SchedulerConfig",
+    "SchedulerObserver",
     "SchedulerStatus",
     "Schedules",
     "SchemaMissingError",

@@ -6,10 +6,14 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from .clock import Clock, SystemClock
 from .errors import ConfigurationError
 from .repository.base import PollingStrategy
+
+if TYPE_CHECKING:
+    from .observer import SchedulerObserver
 
 __all__ = ["MIN_MISSED_HEARTBEATS", "SchedulerConfig", "default_scheduler_name"]
 
@@ -42,6 +46,8 @@ class SchedulerConfig:
     that wakes this instance when any instance schedules work."""
     scheduler_name: str = field(default_factory=default_scheduler_name)
     clock: Clock = field(default_factory=SystemClock)
+    observers: list[SchedulerObserver] = field(default_factory=list)
+    """Hooks called at the scheduler's events (metrics); see ``ekbatan_fastapi.observer``."""
 
     @property
     def dead_after(self) -> timedelta:

@@ -35,6 +35,8 @@ class Execution:
     recording: bool = field(default=False)
     error: BaseException | None = None
     finished_at: datetime | None = None
+    duration: float = 0.0
+    """Seconds ``execute`` ran (monotonic clock), set when it returns."""
 
     @property
     def owned(self) -> Owned:

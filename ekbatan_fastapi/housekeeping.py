@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .config import SchedulerConfig
     from .execution import Execution
     from .job import _Job
+    from .observer import ObserverDispatch
     from .operations.recorder import OperationsRecorder
     from .repository.base import TaskRepository
     from .repository.model import TaskRow
@@ -42,6 +43,7 @@ class Housekeeping:
         schedules: dict[str, Schedule]
         running: dict[TaskKey, Execution]
         recorder: OperationsRecorder
+        observer: ObserverDispatch
         _active: list[str]
         _ready: asyncio.Event
         _stopping: bool
@@ -141,12 +143,20 @@ class Housekeeping:
             self._db_failed(error, "heartbeat")
             for execution in executions:
                 execution.heartbeat.record_failure()
+                if self.observer.active:
+                    self.observer.heartbeat_failed(
+                        execution.row.task_name, execution.row.task_instance
+                    )
             return
         for execution in executions:
             if execution.row.key in alive:
                 execution.heartbeat.record_success()
             elif execution.row.key in self.running and not execution.recording:
                 execution.heartbeat.record_failure()
+                if self.observer.active:
+                    self.observer.heartbeat_failed(
+                        execution.row.task_name, execution.row.task_instance
+                    )
                 if execution.heartbeat.failed_heartbeats > 1:
                     continue
                 log.warning(
@@ -164,6 +174,10 @@ class Housekeeping:
             self._db_failed(error, "dead-execution check")
             return
         for row in revived:
+            if self.observer.active:
+                self.observer.dead_execution_revived(
+                    row.task_name, row.task_instance, row.picked_by
+                )
             log.warning(
                 "revived dead execution %s/%s (slot %s, picked by %s, last heartbeat %s)",
                 row.task_name,

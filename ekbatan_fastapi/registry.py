@@ -17,6 +17,7 @@ from .config import SchedulerConfig
 from .connection import ConnectionProvider, repository_class, resolve_connection
 from .errors import ConfigurationError
 from .job import DistributedJob, OneTimeJob, _Job
+from .observer import SchedulerObserver
 from .repository.base import TaskRepository
 from .scheduler import Scheduler
 from .schedules import Schedule
@@ -88,6 +89,15 @@ class SchedulerBuilder:
 
     def clock(self, value: Clock) -> SchedulerBuilder:
         self.config.clock = value
+        return self
+
+    def observer(self, value: SchedulerObserver) -> SchedulerBuilder:
+        """Add an observer of the scheduler's events (e.g. ``ekbatan_fastapi.metrics``)."""
+        if not isinstance(value, SchedulerObserver):
+            raise ConfigurationError(
+                f"observer must be a SchedulerObserver (ekbatan_fastapi.observer), got {value!r}"
+            )
+        self.config.observers.append(value)
         return self
 
     def dialect(self, value: str | type[TaskRepository]) -> SchedulerBuilder:

@@ -31,6 +31,7 @@ from .execution import Execution
 from .housekeeping import Housekeeping
 from .job import RECURRING_INSTANCE, DistributedJob, HeartbeatState, _Job
 from .lag import LoopLagMonitor
+from .observer import ObserverDispatch, finished_event
 from .operations.recorder import OperationsRecorder
 from .operations.repository import OperationsRepository
 from .repository.base import PollingStrategy, TaskRepository
@@ -115,6 +116,8 @@ class Scheduler(Housekeeping):
             now=self.db_time,
         )
         self._last_unresolved_check = -1e9
+        self.observer = ObserverDispatch(config.observers, self.name)
+        self.observer.attached(self)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -236,6 +239,8 @@ class Scheduler(Housekeeping):
 
     def _db_failed(self, error: BaseException, where: str) -> None:
         self._last_error = f"{where}: {type(error).__name__}: {error}"
+        if self.observer.active:
+            self.observer.database_error(where, error)
         was_reachable = self._db_reachable
         self._db_reachable = False
         now = self.clock.monotonic()
@@ -313,6 +318,7 @@ class Scheduler(Housekeeping):
             if len(self.running) >= self.batch_size:
                 await self._sleep(interval)  # woken when executions finish
                 continue
+            began = self.clock.monotonic()
             try:
                 result = await self.repository.poll(
                     self._active, self.batch_size, self.name, self.polling_strategy
@@ -322,6 +328,8 @@ class Scheduler(Housekeeping):
                 await self._sleep(backoff.next())
                 continue
             backoff.reset()
+            if self.observer.active:
+                self.observer.polled(self.clock.monotonic() - began, len(result.claimed))
             self._observe_db_time(result.db_now)
             self._last_poll = result.db_now
             for row in result.claimed:
@@ -352,6 +360,9 @@ class Scheduler(Housekeeping):
             row, job, heartbeat, self.db_time(), schedule=self.schedules.get(row.task_name)
         )
         self.running[row.key] = execution
+        if self.observer.active:
+            lag = (execution.started - row.execution_time).total_seconds()
+            self.observer.execution_started(row.task_name, row.task_instance, lag)
         execution.task = asyncio.create_task(
             self._execute(execution), name=f"ekbatan:{execution.label}"
         )
@@ -359,6 +370,7 @@ class Scheduler(Housekeeping):
     async def _execute(self, execution: Execution) -> None:
         error: BaseException | None = None
         cancelled = False
+        began = self.clock.monotonic()
         try:
             ctx = execution.context(lambda: self._stopping)
             if execution.job.is_async:
@@ -389,6 +401,7 @@ class Scheduler(Housekeeping):
                 extra=self._extra(execution.row),
             )
         execution.error = error
+        execution.duration = self.clock.monotonic() - began
         execution.finished_at = self.db_time()
         finish = execution.finish(
             execution.finished_at,
@@ -445,6 +458,8 @@ class Scheduler(Housekeeping):
                 self.running.pop(execution.row.key, None)
                 ok = finish.owned.key in recorded
                 self.recorder.record(execution, finish, ok)
+                if self.observer.active:
+                    self.observer.execution_finished(finished_event(execution, finish, ok))
                 if not future.done():
                     future.set_result(ok)
             if was_full and len(self.running) < self.batch_size:
