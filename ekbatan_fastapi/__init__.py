@@ -52,11 +52,13 @@ _INTEGRATION = frozenset(
         "build_registry",
         "create_ekbatan_lifespan",
         "create_jobs_router",
+        "create_metrics_router",
         "ekbatan_lifespan",
         "get_ekbatan",
         "get_ekbatan_settings",
         "get_scheduler_client",
         "jobs_router",
+        "metrics_router",
     }
 )
 
@@ -68,11 +70,13 @@ if TYPE_CHECKING:
         build_registry,
         create_ekbatan_lifespan,
         create_jobs_router,
+        create_metrics_router,
         ekbatan_lifespan,
         get_ekbatan,
         get_ekbatan_settings,
         get_scheduler_client,
         jobs_router,
+        metrics_router,
     )
     from .settings import EkbatanSettings
 
@@ -144,9 +148,11 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "build_registry",
     "create_ekbatan_lifespan",
     "create_jobs_router",
+    "create_metrics_router",
     "ekbatan_lifespan",
     "get_ekbatan",
     "get_ekbatan_settings",
     "get_scheduler_client",
     "jobs_router",
+    "metrics_router",
 ]

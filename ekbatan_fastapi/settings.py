@@ -130,6 +130,8 @@ class JobsSettings(SettingsSection):
         default_factory=list
     )
     """Modules imported at startup so that their ``@distributed_job`` classes are found."""
+    metrics: bool = False
+    """Collect Prometheus metrics (the ``[metrics]`` extra); ``metrics_router`` serves them."""
 
     @field_validator("polling_interval", "heartbeat_interval", "shutdown_max_wait")
     @classmethod

@@ -18,6 +18,7 @@ from .lifespan import (
     create_ekbatan_lifespan,
     ekbatan_lifespan,
 )
+from .metrics_routes import create_metrics_router, metrics_router
 from .models import ExecutionView, JobsReport, RunNowResult, SchedulerView, TaskState, TaskView
 from .resolver import DependencyResolver
 from .routes import create_jobs_router, jobs_router
@@ -41,6 +42,7 @@ __all__ = [
     "build_registry",
     "create_ekbatan_lifespan",
     "create_jobs_router",
+    "create_metrics_router",
     "derive_state",
     "discover_job_classes",
     "ekbatan_lifespan",
@@ -49,4 +51,5 @@ __all__ = [
     "get_scheduler_client",
     "import_job_modules",
     "jobs_router",
+    "metrics_router",
 ]

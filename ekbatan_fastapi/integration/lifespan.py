@@ -59,6 +59,10 @@ def build_registry(
     def apply_settings(b: SchedulerBuilder) -> None:
         b.missed_heartbeats_limit(knobs.missed_heartbeats_limit)
         b.delete_unresolved_after(knobs.delete_unresolved_after)
+        if knobs.metrics:
+            from ..metrics import EkbatanMetrics
+
+            b.observer(EkbatanMetrics())
 
     builder = (
         job_registry()
