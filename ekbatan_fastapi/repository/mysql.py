@@ -50,6 +50,11 @@ _CHUNK = 1000
 """Keys per statement when reading many keys at once."""
 
 
+class _RowsLost(Exception):
+    """A version-guarded write matched fewer rows than it was given (rolls the transaction
+    back)."""
+
+
 def _errno(error: DBAPIError) -> int | None:
     args = getattr(error.orig, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
@@ -104,8 +109,8 @@ class MySQLRepository(TaskRepository):
         self._lock_keys = sql(q.LOCK_KEYS, "keys")
         self._claim = sql(q.CLAIM, "keys")
         self._lock_owned = sql(q.LOCK_OWNED, "keys")
-        self._delete = sql(q.DELETE, "keys")
-        self._release = sql(q.RELEASE, "keys")
+        self._delete = sql(q.DELETE, "owned")
+        self._release = sql(q.RELEASE, "owned")
         self._heartbeat = sql(q.HEARTBEAT, "owned")
         self._still_owned = sql(q.STILL_OWNED, "owned")
         self._dead_candidates = sql(q.DEAD_CANDIDATES, "names")
@@ -323,32 +328,47 @@ class MySQLRepository(TaskRepository):
         ]
 
     async def finish(self, items: Sequence[Finish]) -> set[TaskKey]:
-        """Lock the rows in key order, keep those still at our version, then delete or update
-        them (one statement per kind of result)."""
+        """One statement per kind of result, each guarded by the owned versions, in one
+        transaction: when every row matched, all were recorded. Otherwise (rows revived
+        meanwhile) that is rolled back, and a second transaction locks the rows in key order,
+        keeps those still at our version and writes exactly those."""
         if not items:
             return set()
         by_key = {i.owned.key: i for i in items}
+        try:
+            return await self._transaction(
+                functools.partial(self._record, items=list(by_key.values()), strict=True)
+            )
+        except _RowsLost:
+            pass
 
-        async def run(conn: AsyncConnection) -> set[TaskKey]:
+        async def precise(conn: AsyncConnection) -> set[TaskKey]:
             locked = await conn.execute(self._lock_owned, {"keys": list(by_key)})
-            ours = {
-                (r[0], r[1]): by_key[(r[0], r[1])]
-                for r in locked
-                if by_key[(r[0], r[1])].owned.version == r[2]
-            }
-            groups: dict[FinishKind, list[Finish]] = {}
-            for item in ours.values():
-                groups.setdefault(item.kind, []).append(item)
-            for kind, group in groups.items():
-                await conn.execute(*self._finish_statement(kind, group))
-            return set(ours)
+            ours = [
+                by_key[(r[0], r[1])] for r in locked if by_key[(r[0], r[1])].owned.version == r[2]
+            ]
+            return await self._record(conn, items=ours, strict=False)
 
-        return await self._transaction(run)
+        return await self._transaction(precise)
+
+    async def _record(
+        self, conn: AsyncConnection, *, items: list[Finish], strict: bool
+    ) -> set[TaskKey]:
+        groups: dict[FinishKind, list[Finish]] = {}
+        for item in items:
+            groups.setdefault(item.kind, []).append(item)
+        for kind, group in groups.items():
+            written = (await conn.execute(*self._finish_statement(kind, group))).rowcount
+            if strict and written != len(group):
+                raise _RowsLost
+        return {item.owned.key for item in items}
 
     def _finish_statement(
         self, kind: FinishKind, group: list[Finish]
     ) -> tuple[Executable, dict[str, Any]]:
-        params: dict[str, Any] = {"keys": [i.owned.key for i in group]}
+        params: dict[str, Any] = {
+            "owned": [(i.owned.task_name, i.owned.task_instance, i.owned.version) for i in group]
+        }
         if kind is FinishKind.DELETED:
             return self._delete, params
         if kind is FinishKind.RELEASED:
@@ -369,7 +389,7 @@ class MySQLRepository(TaskRepository):
                 )
         next_time = f"CASE {' '.join(whens)} END" if whens else "NULL"
         template = q.SUCCEEDED if kind is FinishKind.SUCCEEDED else q.FAILED
-        return self._sql(template, "keys", next_time=next_time), params
+        return self._sql(template, "owned", next_time=next_time), params
 
     async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
         """One update; only when it matched fewer rows than asked, a read says which are still
@@ -401,10 +421,11 @@ class MySQLRepository(TaskRepository):
             locked = list(
                 await conn.execute(self._lock_dead, {"owned": candidates, "dead_us": dead_us})
             )
-            if locked:
-                keys = [(r._mapping["task_name"], r._mapping["task_instance"]) for r in locked]
-                await conn.execute(self._release, {"keys": keys})
-            return [self.to_row(r) for r in locked]
+            rows = [self.to_row(r) for r in locked]
+            if rows:
+                owned = [(r.task_name, r.task_instance, r.version) for r in rows]
+                await conn.execute(self._release, {"owned": owned})
+            return rows
 
         return await self._transaction(run, read_committed=True)
 

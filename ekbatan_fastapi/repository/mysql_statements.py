@@ -73,11 +73,12 @@ ORDER BY task_name, task_instance
 FOR UPDATE
 """
 
-DELETE = f"DELETE FROM {{t}} WHERE {KEY} IN :keys"
+# Recording results: every write is guarded by the version the claim wrote.
+DELETE = f"DELETE FROM {{t}} WHERE {OWNED} IN :owned"
 
 RELEASE = f"""
 UPDATE {{t}} SET picked = 0, picked_by = NULL, last_heartbeat = NULL, version = version + 1
-WHERE {KEY} IN :keys
+WHERE {OWNED} IN :owned
 """
 
 # %(next_time)s is a CASE over the batch's keys (NULL for a key without a next time).
@@ -85,14 +86,14 @@ SUCCEEDED = f"""
 UPDATE {{t}} SET execution_time = COALESCE(%(next_time)s, execution_time),
     picked = 0, picked_by = NULL, last_heartbeat = NULL,
     last_success = {NOW}, consecutive_failures = 0, version = version + 1
-WHERE {KEY} IN :keys
+WHERE {OWNED} IN :owned
 """
 FAILED = f"""
 UPDATE {{t}} SET execution_time = COALESCE(%(next_time)s, execution_time),
     picked = 0, picked_by = NULL, last_heartbeat = NULL,
     last_failure = {NOW}, consecutive_failures = COALESCE(consecutive_failures, 0) + 1,
     version = version + 1
-WHERE {KEY} IN :keys
+WHERE {OWNED} IN :owned
 """
 
 HEARTBEAT = f"""
