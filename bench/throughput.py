@@ -51,6 +51,7 @@ from sqlalchemy.pool import NullPool
 THIS_FILE = Path(__file__).resolve()
 TASK_NAME = "bench-noop"
 TABLE = "scheduled_tasks"
+HISTORY_TABLE = "ekbatan_execution_history"
 STRATEGIES = ("fetch", "lock-and-fetch")
 DEFAULT_N = 20_000
 DEFAULT_PROCESSES = (1, 2, 4)
@@ -87,6 +88,9 @@ class BenchOptions:
     retries: int = 3
     """How many times a noisy run (see ``max_foreign``) is rerun at most."""
     settle: float = 0.0
+    history: bool = True
+    """Record every execution in the history table (the library's default); ``--no-history``
+    turns it off, to measure what it costs."""
     """Before each run, wait up to this many seconds for the machine to be quiet (CPU busy
     at most ``_QUIET``); the busy fraction seen is reported with the run either way."""
 
@@ -152,6 +156,9 @@ class RunResult:
     finish_calls: int = 0
     poll_seconds: float = 0.0
     finish_seconds: float = 0.0
+    history: bool = True
+    history_rows: int = 0
+    """Rows in the history table after the run: n with history on, 0 with it off."""
 
     @property
     def worker_cpu_per_execution(self) -> float | None:
@@ -184,6 +191,7 @@ class RunResult:
             and self.recorded == self.n
             and self.left == 0
             and self.picked == 0
+            and self.history_rows == (self.n if self.history else 0)
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -353,6 +361,8 @@ async def load_table(engine: AsyncEngine, n: int, how: str) -> float:
         if await conn.run_sync(lambda sync: inspect(sync).has_table(TABLE)):
             await conn.execute(text(f"DROP TABLE {TABLE}"))
     await create_schema(engine)
+    async with auto.connect() as conn:
+        await conn.execute(text(f"TRUNCATE TABLE {HISTORY_TABLE}"))
     mysql = engine.dialect.name in ("mysql", "mariadb")
     started = time.perf_counter()
     if how == "sql" and mysql:  # no generate_series: a multi-row insert per 5,000 rows
@@ -404,6 +414,11 @@ async def table_state(engine: AsyncEngine) -> tuple[int, int]:
             )
         ).one()
     return int(row[0]), int(row[1])
+
+
+async def history_rows(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(text(f"SELECT count(*) FROM {HISTORY_TABLE}"))).scalar_one())
 
 
 async def server_info(engine: AsyncEngine) -> dict[str, str]:
@@ -620,6 +635,8 @@ async def _spawn(
         args += ["--batch-size", str(options.batch_size)]
     if options.polling_interval is not None:
         args += ["--polling-interval", repr(options.polling_interval)]
+    if not options.history:
+        args.append("--no-history")
     if options.cprofile_dir is not None:
         options.cprofile_dir.mkdir(parents=True, exist_ok=True)
         args += ["--cprofile", str(options.cprofile_dir / f"{run_dir.name}-worker-{index}.pstats")]
@@ -647,7 +664,7 @@ async def run_once(
     errors: list[str] = []
     workers: list[_Worker] = []
     reports: list[WorkerReport] = []
-    left = picked = 0
+    left = picked = history = 0
     go = 0.0
     load_seconds = 0.0
     busy_before: float | None = None
@@ -689,6 +706,7 @@ async def run_once(
             except (OSError, ValueError, TypeError) as error:
                 errors.append(f"worker {w.index}: no result ({error}); log:\n{_tail(w.log)}")
         left, picked = await table_state(engine)
+        history = await history_rows(engine)
     finally:
         await asyncio.gather(*(w.close(60.0) for w in workers), return_exceptions=True)
         await engine.dispose()
@@ -724,6 +742,8 @@ async def run_once(
         finish_calls=sum(r.finish_calls for r in reports),
         poll_seconds=sum(r.poll_seconds for r in reports),
         finish_seconds=sum(r.finish_seconds for r in reports),
+        history=options.history,
+        history_rows=history,
     )
 
 
@@ -755,6 +775,7 @@ async def run_benchmark(
             finally:
                 await probe.dispose()
             info.update(environment())
+            info["history"] = "on" if options.history else "off"
             results: list[RunResult] = []
             for repeat in range(1, options.repeat + 1):
                 for strategy in options.strategies:
@@ -782,7 +803,8 @@ def _describe(r: RunResult) -> str:
     text_ = (
         f"run {r.repeat} {r.strategy:<14} K={r.processes}: {_fmt_rate(r.rate):>7}/s "
         f"({seconds}); executed {r.executed} distinct {r.distinct} dup {r.duplicates} "
-        f"recorded {r.recorded} left {r.left} picked {r.picked}; polls {r.polls} "
+        f"recorded {r.recorded} left {r.left} picked {r.picked} history {r.history_rows}; "
+        f"polls {r.polls} "
         f"(~{per_poll:.1f} claimed, {_ms(r.poll_seconds, r.polls)} each); "
         f"finishes {r.finish_calls} ({_ms(r.finish_seconds, r.finish_calls)} each); "
         f"split {'/'.join(map(str, r.per_worker))}; "
@@ -901,6 +923,8 @@ async def _worker(args: argparse.Namespace) -> int:
             b.batch_size(args.batch_size)
         if args.polling_interval is not None:
             b.polling_interval(dt.timedelta(seconds=args.polling_interval))
+        if args.no_history:
+            b.history(False)
 
     def remaining() -> float:
         return max(0.01, float(args.deadline) - time.monotonic())
@@ -996,6 +1020,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--polling-interval", type=float, default=None, help="seconds")
     p.add_argument("--insert", choices=("sql", "batch"), default="sql")
     p.add_argument(
+        "--no-history",
+        action="store_true",
+        help="turn the execution history off (on by default, as in the library)",
+    )
+    p.add_argument(
         "--max-foreign",
         type=float,
         default=None,
@@ -1040,6 +1069,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settle=args.settle,
         max_foreign=args.max_foreign,
         retries=args.retries,
+        history=not args.no_history,
     )
     if args.url:
         check_local(args.url)
