@@ -9,7 +9,7 @@ import getpass
 import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import inspect
 
@@ -23,6 +23,9 @@ from ..repository.base import TaskRepository
 from ..schedules import parse_schedule
 from ..schema import DEFAULT_TABLE_NAME
 from .output import Output, row_view
+
+if TYPE_CHECKING:
+    from ..settings import EkbatanSettings
 
 __all__ = ["COMMANDS", "EXIT", "CliError", "Context", "connect"]
 
@@ -65,27 +68,24 @@ class Context:
 # -- setup ----------------------------------------------------------------------------------
 
 
-def _settings(args: argparse.Namespace) -> Any:
+def _settings(args: argparse.Namespace) -> EkbatanSettings:
     from ..settings import EkbatanSettings
 
     return EkbatanSettings(_config_file=args.config) if args.config else EkbatanSettings()
 
 
 async def connect(args: argparse.Namespace, out: Output) -> Context:
+    """Read the settings, build a one-connection pool and check that the database answers
+    within ``--connect-timeout``."""
     settings = _settings(args)
-    if args.url:
-        url: Any = args.url
-        pool = 1
-    else:
-        config = settings.jobs_datasource()
-        url, pool = config.sqlalchemy_url(), 1
-    provider = ConnectionProvider.from_url(url, pool_size=pool)
-    dialect = args.dialect or provider.dialect
-    timeout_key = "timeout" if provider.dialect == "postgresql" else "connect_timeout"
-    await provider.dispose()
+    url: Any = args.url or settings.jobs_datasource().sqlalchemy_url()
+    # the dialect decides the driver's name of the connect timeout; no connection yet
+    url_dialect = ConnectionProvider.from_url(url).dialect
+    timeout_key = "timeout" if url_dialect == "postgresql" else "connect_timeout"
     provider = ConnectionProvider.from_url(
-        url, pool_size=pool, connect_args={timeout_key: args.connect_timeout}
+        url, pool_size=1, connect_args={timeout_key: args.connect_timeout}
     )
+    dialect = args.dialect or provider.dialect
     repo = repository_class(dialect)(provider.engine, DEFAULT_TABLE_NAME)
     knobs = settings.jobs
     ctx = Context(
