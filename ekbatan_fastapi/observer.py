@@ -12,6 +12,7 @@ An exception raised by a hook is logged and swallowed; it never breaks the sched
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -117,8 +118,6 @@ class ObserverDispatch:
         self.errors = 0
 
     def _failed(self, observer: SchedulerObserver, hook: str) -> None:
-        import time
-
         self.errors += 1
         key = (id(observer), hook)
         now = time.monotonic()
