@@ -56,6 +56,12 @@ async def test_two_schedulers_execute_10000_instances_exactly_once(
         return await _remaining(any_engine) == 0
 
     await wait_until(drained, timeout=120, what="all instances executed")
+    # The rows are gone when the last completion statement commits; its results reach the
+    # schedulers an instant later.
+    await wait_until(
+        lambda: all(r.scheduler.running == {} for r in any_registries.made),
+        what="every result recorded",
+    )
     runs = first.runs + second.runs
     assert len(runs) == N
     duplicates = {k: v for k, v in runs.items() if v != 1}
