@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.security import HTTPBasic, HTTPBasicCredentials
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -70,16 +71,33 @@ async def app_resources(app: FastAPI) -> AsyncIterator[Mapping[str, Any]]:
         await engine.dispose()
 
 
+basic_auth = HTTPBasic(auto_error=False, realm="ekbatan-fastapi example")
+
+
+def _same(given: str, expected: str) -> bool:
+    return secrets.compare_digest(given.encode(), expected.encode())
+
+
 def require_admin(
     settings: Annotated[ExampleSettings, Depends(get_example_settings)],
+    credentials: Annotated[HTTPBasicCredentials | None, Depends(basic_auth)],
     x_admin_token: Annotated[str | None, Header()] = None,
-) -> None:
-    """The authorization dependency that mounts and guards the admin routes."""
+) -> str:
+    """The authorization dependency that mounts and guards the admin routes: the
+    ``X-Admin-Token`` header (scripts), or HTTP basic auth with the token as password (the
+    dashboard in a browser). Returns who acts; it is recorded as ``paused_by``."""
     expected = settings.admin_token.get_secret_value() if settings.admin_token else None
     if expected is None:
         raise HTTPException(403, detail="admin routes are disabled: set EXAMPLE_ADMIN_TOKEN")
-    if x_admin_token is None or not secrets.compare_digest(x_admin_token, expected):
-        raise HTTPException(403, detail="send the X-Admin-Token header")
+    if x_admin_token is not None and _same(x_admin_token, expected):
+        return "admin (token)"
+    if credentials is not None and _same(credentials.password, expected):
+        return credentials.username or "admin"
+    raise HTTPException(
+        401,
+        detail="send the X-Admin-Token header, or sign in with any user and the token as password",
+        headers={"WWW-Authenticate": 'Basic realm="ekbatan-fastapi example"'},
+    )
 
 
 def create_app(*, scheduler_name: str | None = None) -> FastAPI:
@@ -97,7 +115,12 @@ def create_app(*, scheduler_name: str | None = None) -> FastAPI:
         return {
             "instance": state.registry.status().name,
             "jobs": sorted(state.jobs),
-            "links": {"jobs": "/jobs", "demo runs": "/demo/runs", "API docs": "/docs"},
+            "links": {
+                "dashboard": "/jobs/ui",
+                "jobs": "/jobs",
+                "demo runs": "/demo/runs",
+                "API docs": "/docs",
+            },
         }
 
     @app.get("/demo/runs")

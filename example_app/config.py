@@ -23,7 +23,8 @@ class ExampleSettings(BaseSettings):
 
     demo_interval: Annotated[timedelta, BeforeValidator(_iso)] = timedelta(seconds=5)
     admin_token: SecretStr | None = None
-    """Enables ``POST /jobs/{name}/run`` for callers sending ``X-Admin-Token: <token>``."""
+    """Enables the admin routes (run now, pause, resume) and the dashboard's buttons for callers
+    sending ``X-Admin-Token: <token>``, or signing in (HTTP basic) with the token as password."""
 
 
 @lru_cache

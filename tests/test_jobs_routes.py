@@ -244,10 +244,11 @@ async def test_admin_routes_do_not_exist_without_a_dependency(
 ) -> None:
     ok = RecordingJob("ok-job", Schedules.fixed_delay(HOUR))
     async with serving(database_url, ok) as (client, _):
-        response = await client.post("/jobs/ok-job/run")
-        assert response.status_code in (404, 405)
+        for action in ("run", "pause", "resume"):
+            response = await client.post(f"/jobs/ok-job/{action}")
+            assert response.status_code in (404, 405)
         paths = (await client.get("/openapi.json")).json()["paths"]
-        assert set(paths) == {"/jobs", "/jobs/{name}"}
+        assert set(paths) == {"/jobs", "/jobs/{name}", "/jobs/{name}/history"}
 
 
 async def test_admin_dependency_refuses(engine: AsyncEngine, database_url: str) -> None:

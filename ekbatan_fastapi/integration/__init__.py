@@ -19,7 +19,20 @@ from .lifespan import (
     ekbatan_lifespan,
 )
 from .metrics_routes import create_metrics_router, metrics_router
-from .models import ExecutionView, JobsReport, RunNowResult, SchedulerView, TaskState, TaskView
+from .models import (
+    ExecutionView,
+    HistoryPage,
+    HistoryRecord,
+    InstanceView,
+    JobsReport,
+    PauseResult,
+    PauseView,
+    ResumeResult,
+    RunNowResult,
+    SchedulerView,
+    TaskState,
+    TaskView,
+)
 from .resolver import DependencyResolver
 from .routes import create_jobs_router, jobs_router
 from .state import STATE_KEY, EkbatanState
@@ -33,8 +46,14 @@ __all__ = [
     "EkbatanSettings",
     "EkbatanState",
     "ExecutionView",
+    "HistoryPage",
+    "HistoryRecord",
+    "InstanceView",
     "JobsReport",
     "JobsSettings",
+    "PauseResult",
+    "PauseView",
+    "ResumeResult",
     "RunNowResult",
     "SchedulerView",
     "TaskState",

@@ -19,16 +19,29 @@ from ..codec import TaskDataError
 from ..durations import format_iso_duration
 from ..errors import SchemaMissingError
 from ..job import DistributedJob, OneTimeJob
+from ..operations.models import ExecutionRecord, InstanceInfo, PauseInfo
 from ..settings import mask_url
-from .models import ExecutionView, JobsReport, SchedulerView, TaskState, TaskView
+from .models import (
+    ExecutionView,
+    HistoryRecord,
+    InstanceView,
+    JobsReport,
+    PauseView,
+    SchedulerView,
+    TaskState,
+    TaskView,
+)
 from .state import EkbatanState
 
 __all__ = [
     "build_report",
     "derive_state",
     "describe_failure",
+    "history_record",
+    "instance_view",
     "is_valid_name",
     "overdue_after",
+    "pause_view",
     "redact",
     "scheduler_view",
     "task_view",
@@ -49,12 +62,16 @@ def derive_state(
     known: bool,
     dead_after: timedelta,
     overdue_grace: timedelta,
+    paused: bool = False,
 ) -> TaskState:
-    """``dead`` > ``running`` > ``unresolved`` > ``overdue`` > ``failing`` > ``scheduled``."""
+    """``dead`` > ``running`` > ``paused`` > ``unresolved`` > ``overdue`` > ``failing`` >
+    ``scheduled``: a paused task still shows an execution that runs (or died) meanwhile."""
     if task.picked:
         if task.last_heartbeat is None or now - task.last_heartbeat > dead_after:
             return "dead"
         return "running"
+    if paused:
+        return "paused"
     if not known:
         return "unresolved"
     if now - task.execution_time > overdue_grace:
@@ -87,8 +104,54 @@ def _task_data(task: ScheduledTask) -> Any:
         return f"<{len(task.task_data)} bytes, not JSON>"
 
 
+def pause_view(pause: PauseInfo) -> PauseView:
+    return PauseView(
+        name=pause.task_name,
+        paused_by=pause.paused_by,
+        paused_at=pause.paused_at,
+        reason=pause.reason,
+    )
+
+
+def instance_view(instance: InstanceInfo, now: datetime | None, me: str) -> InstanceView:
+    return InstanceView(
+        name=instance.name,
+        host=instance.host,
+        pid=instance.pid,
+        started_at=instance.started_at,
+        last_seen=instance.last_seen,
+        last_seen_age_seconds=(
+            max((now - instance.last_seen).total_seconds(), 0.0) if now is not None else None
+        ),
+        library_version=instance.library_version,
+        alive=instance.alive,
+        this_instance=instance.name == me,
+    )
+
+
+def history_record(record: ExecutionRecord) -> HistoryRecord:
+    return HistoryRecord(
+        id=record.id,
+        task_name=record.task_name,
+        task_instance=record.task_instance,
+        execution_time=record.execution_time,
+        picked_by=record.picked_by,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        duration_seconds=record.duration_seconds,
+        outcome=record.outcome,
+        error_class=record.error_class,
+        error_message=redact(record.error_message) if record.error_message else None,
+    )
+
+
 def task_view(
-    task: ScheduledTask, now: datetime, state: EkbatanState, *, include_task_data: bool
+    task: ScheduledTask,
+    now: datetime,
+    state: EkbatanState,
+    *,
+    include_task_data: bool,
+    pause: PauseInfo | None = None,
 ) -> TaskView:
     config = state.registry.config
     job = state.registry.jobs.get(task.task_name)
@@ -110,7 +173,9 @@ def task_view(
             known=job is not None,
             dead_after=config.dead_after,
             overdue_grace=overdue_after(config.polling_interval),
+            paused=pause is not None,
         ),
+        paused=pause_view(pause) if pause is not None else None,
         execution_time=task.execution_time,
         picked=task.picked,
         picked_by=task.picked_by,
@@ -140,6 +205,9 @@ def scheduler_view(state: EkbatanState) -> SchedulerView:
         polling_strategy=status.polling_strategy,
         batch_size=status.batch_size,
         loop_restarts=status.loop_restarts,
+        loop_lag_events=status.loop_lag_events,
+        max_loop_lag_seconds=status.max_loop_lag,
+        last_loop_lag_at=status.last_loop_lag_at,
         polling_interval=format_iso_duration(config.polling_interval),
         heartbeat_interval=format_iso_duration(config.heartbeat_interval),
         dead_after=format_iso_duration(config.dead_after),
@@ -168,14 +236,23 @@ async def build_report(
     include_task_data: bool = False,
     timeout: float = 5.0,
 ) -> JobsReport:
-    """Read the table (all rows, or those of ``name``) and judge the cluster's health."""
+    """Read the table (all rows, or those of ``name``), the pauses and the live instances,
+    and judge the cluster's health. Missing operations tables only add a warning."""
     problems: list[str] = []
+    warnings: list[str] = []
     now: datetime | None = None
     tasks: list[TaskView] = []
+    pauses: dict[str, PauseInfo] = {}
+    instances: list[InstanceInfo] = []
     try:
         async with asyncio.timeout(timeout):
             now = await state.registry.repository.db_now()
             rows = await state.client.list(name, limit=limit, offset=offset)
+            pauses = await state.client.paused()
+            try:
+                instances = await state.client.instances()
+            except SchemaMissingError as error:
+                warnings.append(str(error))
     except TimeoutError:
         problems.append(f"database unreachable: no answer within {timeout:g}s")
     except SchemaMissingError as error:
@@ -183,19 +260,32 @@ async def build_report(
     except Exception as error:  # a probe answers 503 with the reason rather than 500
         problems.append(f"{describe_failure(error)}")
     else:
-        tasks = [task_view(t, now, state, include_task_data=include_task_data) for t in rows]
+        tasks = [
+            task_view(
+                t,
+                now,
+                state,
+                include_task_data=include_task_data,
+                pause=pauses.get(t.task_name),
+            )
+            for t in rows
+        ]
     for task in tasks:
         if task.state == "dead":
             problems.append(
                 f"{task.name}/{task.instance} is dead: picked by {task.picked_by}, last "
                 f"heartbeat {_age(task.heartbeat_age_seconds)}; it will be revived and run again"
             )
+    scheduler = scheduler_view(state)
     return JobsReport(
         healthy=not problems,
         problems=problems,
         database_time=now,
-        scheduler=scheduler_view(state),
+        scheduler=scheduler,
         tasks=tasks,
+        paused=[pause_view(p) for n, p in sorted(pauses.items()) if name is None or n == name],
+        instances=[instance_view(i, now, scheduler.name) for i in instances],
+        warnings=warnings,
     )
 
 

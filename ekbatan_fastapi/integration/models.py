@@ -9,14 +9,29 @@ from pydantic import BaseModel, Field
 
 __all__ = [
     "ExecutionView",
+    "HistoryPage",
+    "HistoryRecord",
+    "InstanceView",
     "JobsReport",
+    "PauseResult",
+    "PauseView",
+    "ResumeResult",
     "RunNowResult",
     "SchedulerView",
     "TaskState",
     "TaskView",
 ]
 
-TaskState = Literal["scheduled", "running", "failing", "overdue", "dead", "unresolved"]
+TaskState = Literal["scheduled", "running", "failing", "overdue", "dead", "unresolved", "paused"]
+
+
+class PauseView(BaseModel):
+    """A task paused cluster-wide: who paused it, when and why."""
+
+    name: str = Field(description="the paused task_name")
+    paused_by: str | None = Field(description="who paused it (the admin or the scheduler name)")
+    paused_at: datetime = Field(description="when, by the database's clock")
+    reason: str | None
 
 
 class TaskView(BaseModel):
@@ -33,9 +48,13 @@ class TaskView(BaseModel):
     state: TaskState = Field(
         description=(
             "dead: picked with a heartbeat older than the dead-after window; running: picked; "
-            "unresolved: no job of this name on this instance; overdue: due for longer than "
-            "two polling intervals; failing: the last run failed; scheduled: otherwise"
+            "paused: paused cluster-wide (see paused); unresolved: no job of this name on this "
+            "instance; overdue: due for longer than two polling intervals; failing: the last "
+            "run failed; scheduled: otherwise"
         )
+    )
+    paused: PauseView | None = Field(
+        default=None, description="set while the task is paused: who, when and why"
     )
     execution_time: datetime = Field(description="the next (or running) slot")
     picked: bool
@@ -84,11 +103,32 @@ class SchedulerView(BaseModel):
     polling_strategy: str
     batch_size: int
     loop_restarts: int
+    loop_lag_events: int = Field(
+        default=0, description="how often the event loop was found blocked past the threshold"
+    )
+    max_loop_lag_seconds: float = Field(default=0.0, description="the longest blocked stretch")
+    last_loop_lag_at: datetime | None = None
     polling_interval: str = Field(description="ISO-8601")
     heartbeat_interval: str = Field(description="ISO-8601")
     dead_after: str = Field(description="heartbeat_interval x missed_heartbeats_limit, ISO-8601")
     jobs: list[str] = Field(description="the job names registered on this instance")
     running: list[ExecutionView]
+
+
+class InstanceView(BaseModel):
+    """A scheduler instance of the cluster, as it last reported itself."""
+
+    name: str = Field(description="its picked_by value")
+    host: str
+    pid: int
+    started_at: datetime
+    last_seen: datetime = Field(description="refreshed with its heartbeats (database clock)")
+    last_seen_age_seconds: float | None = Field(
+        default=None, description="seconds since last_seen by the database clock"
+    )
+    library_version: str
+    alive: bool = Field(description="seen within the dead-after window")
+    this_instance: bool = Field(default=False, description="the instance that answered")
 
 
 class JobsReport(BaseModel):
@@ -103,6 +143,19 @@ class JobsReport(BaseModel):
     database_time: datetime | None = Field(description="the database's clock at the read")
     scheduler: SchedulerView
     tasks: list[TaskView]
+    paused: list[PauseView] = Field(
+        default_factory=list,
+        description="every paused task name, including names without rows in the table",
+    )
+    instances: list[InstanceView] = Field(
+        default_factory=list,
+        description="the cluster's scheduler instances, alive or last seen too long ago",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what is degraded without making the report unhealthy (e.g. a missing "
+        "operations table: no history, pauses or instance list)",
+    )
 
 
 class RunNowResult(BaseModel):
@@ -110,4 +163,50 @@ class RunNowResult(BaseModel):
 
     name: str
     instance: str
+    detail: str
+
+
+class HistoryRecord(BaseModel):
+    """One execution from the history, newest first."""
+
+    id: int = Field(description="page with before_id=<the last id of a page>")
+    task_name: str
+    task_instance: str
+    execution_time: datetime = Field(description="the slot that ran")
+    picked_by: str | None = Field(description="the scheduler instance that ran it")
+    started_at: datetime
+    finished_at: datetime
+    duration_seconds: float
+    outcome: str = Field(
+        description=(
+            "succeeded; failed; superseded: its row was revived elsewhere meanwhile; "
+            "cancelled: at shutdown"
+        )
+    )
+    error_class: str | None
+    error_message: str | None = Field(description="without SQL parameters or passwords")
+
+
+class HistoryPage(BaseModel):
+    """``GET /jobs/{name}/history``: a page of executions, newest first."""
+
+    name: str
+    records: list[HistoryRecord]
+    next_before_id: int | None = Field(
+        description="pass as before_id for the next (older) page; null on the last page"
+    )
+
+
+class PauseResult(PauseView):
+    """``POST /jobs/{name}/pause``: the task is paused cluster-wide."""
+
+    detail: str
+
+
+class ResumeResult(BaseModel):
+    """``POST /jobs/{name}/resume``."""
+
+    name: str
+    resumed: bool = Field(description="false when the task was not paused")
+    skip_missed: bool
     detail: str

@@ -1,32 +1,26 @@
-"""``GET /jobs`` (read-only, a health/readiness probe) and the optional admin routes.
+"""``GET /jobs`` (read-only, a health/readiness probe), the history, the dashboard and the
+optional admin routes.
 
-``jobs_router`` has only the read-only routes. ``create_jobs_router(admin_dependency=...)``
-adds ``POST /jobs/{name}/run``; without an authorization dependency the admin routes do not
-exist at all, so an application cannot expose them by accident.
+``jobs_router`` has only the read-only routes and the dashboard. ``create_jobs_router(
+admin_dependency=...)`` adds ``POST /jobs/{name}/run``, ``/pause`` and ``/resume``; without an
+authorization dependency the admin routes do not exist at all, so an application cannot
+expose them by accident.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, params
-from sqlalchemy.exc import DBAPIError
+from fastapi import APIRouter, Depends, HTTPException, Response, params
 
-from ..errors import (
-    ConfigurationError,
-    SchemaMissingError,
-    TaskNotFoundError,
-    TaskPausedError,
-    TaskPickedError,
-    UnknownJobError,
-)
-from ..job import RECURRING_INSTANCE
-from .dependencies import get_ekbatan
-from .health import build_report, describe_failure, is_valid_name
-from .models import JobsReport, RunNowResult
+from .admin import add_admin_routes
+from .dashboard import add_dashboard_route
+from .health import build_report, history_record
+from .http_errors import check_names, translated_errors
+from .models import HistoryPage, JobsReport
+from .route_params import BeforeId, HistoryLimit, Limit, Name, Offset, State
 from .state import EkbatanState
 
 __all__ = ["create_jobs_router", "jobs_router"]
@@ -38,15 +32,6 @@ _UNHEALTHY = {
     }
 }
 
-# Module-level aliases: FastAPI evaluates the routes' (string) annotations in this namespace.
-Name = Annotated[str, Path(description="the task_name (job name)", max_length=100)]
-State = Annotated[EkbatanState, Depends(get_ekbatan)]
-Limit = Annotated[int, Query(ge=1, le=10_000, description="at most this many rows")]
-Offset = Annotated[int, Query(ge=0, description="skip this many rows (by execution_time)")]
-Instance = Annotated[
-    str, Query(max_length=100, description="task_instance; a recurring job's row by default")
-]
-
 
 def create_jobs_router(
     *,
@@ -55,21 +40,35 @@ def create_jobs_router(
     include_task_data: bool = False,
     tags: Sequence[str | Enum] = ("jobs",),
     timeout: float = 5.0,
+    dashboard: bool = True,
+    dashboard_refresh: float = 5.0,
+    cross_site_admin: bool = False,
 ) -> APIRouter:
     """The jobs routes under ``prefix``.
 
     ``admin_dependency`` (a dependency callable or ``Depends(...)``) authorizes the admin
-    routes and mounts them; it should raise ``HTTPException(401/403)`` to refuse.
+    routes and mounts them; it should raise ``HTTPException(401/403)`` to refuse. When it
+    returns a string, that names the admin in ``paused_by``.
     ``include_task_data`` shows each row's ``task_data`` (it may hold personal data).
     ``timeout`` bounds the read of the table, so a probe answers 503 rather than hanging.
+    ``dashboard`` serves the HTML page ``GET {prefix}/ui``, refreshed every
+    ``dashboard_refresh`` seconds (0: never). ``cross_site_admin`` lets browsers on other
+    sites call the admin routes (refused by default, against CSRF).
     """
     router = APIRouter(prefix=prefix, tags=list(tags))
+    guard: params.Depends | None = None
+    if admin_dependency is not None:
+        guard = (
+            admin_dependency
+            if isinstance(admin_dependency, params.Depends)
+            else Depends(admin_dependency)
+        )
 
     @router.get(
         "",
         response_model=JobsReport,
         responses=_UNHEALTHY,  # type: ignore[arg-type]
-        summary="Every task in the cluster, and this instance's scheduler",
+        summary="Every task in the cluster, the live instances and this instance's scheduler",
     )
     async def list_jobs(
         state: State,
@@ -89,6 +88,10 @@ def create_jobs_router(
         if not report.healthy:
             response.status_code = 503
         return report
+
+    # Before "/{name}": otherwise GET /jobs/ui would be read as the task named "ui".
+    if dashboard:
+        add_dashboard_route(router, guard is not None, timeout, dashboard_refresh)
 
     @router.get(
         "/{name}",
@@ -113,66 +116,61 @@ def create_jobs_router(
             include_task_data=include_task_data,
             timeout=timeout,
         )
-        if report.database_time is not None and not report.tasks and name not in state.jobs:
+        if (
+            report.database_time is not None
+            and not report.tasks
+            and not report.paused
+            and name not in state.jobs
+        ):
             raise HTTPException(404, detail=f"no job or task named {name!r}")
         if not report.healthy:
             response.status_code = 503
         return report
 
-    if admin_dependency is not None:
-        guard = (
-            admin_dependency
-            if isinstance(admin_dependency, params.Depends)
-            else Depends(admin_dependency)
+    @router.get(
+        "/{name}/history",
+        response_model=HistoryPage,
+        responses={
+            404: {"description": "No job, task or history of that name"},
+            503: {
+                "description": "The database is unreachable, or the operations tables are "
+                "missing (the message names the migration)"
+            },
+        },
+        summary="The executions of one task, newest first",
+    )
+    async def job_history(
+        name: Name,
+        state: State,
+        limit: HistoryLimit = 50,
+        before_id: BeforeId = None,
+    ) -> HistoryPage:
+        """One page of executions, newest first. ``next_before_id`` pages to older ones.
+        Records are kept for the history retention (default 7 days)."""
+        check_names(name)
+        async with translated_errors(timeout):
+            records = await state.client.history(name, limit=limit, before_id=before_id)
+            if not records and before_id is None and not await _is_known(state, name):
+                raise HTTPException(404, detail=f"no job, task or history named {name!r}")
+        return HistoryPage(
+            name=name,
+            records=[history_record(r) for r in records],
+            next_before_id=records[-1].id if len(records) == limit else None,
         )
-        _add_admin_routes(router, guard, timeout)
+
+    if guard is not None:
+        add_admin_routes(router, guard, timeout, cross_site=cross_site_admin)
     return router
 
 
-def _add_admin_routes(router: APIRouter, guard: params.Depends, timeout: float) -> None:
-    @router.post(
-        "/{name}/run",
-        response_model=RunNowResult,
-        status_code=202,
-        dependencies=[guard],
-        responses={
-            404: {"description": "No task instance of that name"},
-            409: {"description": "The instance is running right now, or the task is paused"},
-            503: {"description": "The database is unreachable"},
-        },
-        summary="Run a task instance now",
-    )
-    async def run_now(
-        name: Name,
-        state: State,
-        instance: Instance = RECURRING_INSTANCE,
-        force: Annotated[
-            bool, Query(description="run a paused task once anyway (on this instance)")
-        ] = False,
-    ) -> RunNowResult:
-        """Make the instance due now (the database's clock), keeping its failure counters.
-        A paused task answers 409 unless ``force``."""
-        if not is_valid_name(name) or not is_valid_name(instance):
-            raise HTTPException(422, detail="names are 1 to 100 characters")
-        try:
-            async with asyncio.timeout(timeout):
-                await state.client.run_now(name, instance, force=force)
-        except TaskNotFoundError as error:
-            raise HTTPException(404, detail=str(error)) from None
-        except (TaskPickedError, TaskPausedError, UnknownJobError) as error:
-            raise HTTPException(409, detail=str(error)) from None
-        except ConfigurationError as error:
-            raise HTTPException(422, detail=str(error)) from None
-        except SchemaMissingError as error:
-            raise HTTPException(503, detail=str(error)) from None
-        except TimeoutError:
-            raise HTTPException(503, detail="database unreachable: no answer in time") from None
-        except (DBAPIError, OSError) as error:
-            raise HTTPException(503, detail=describe_failure(error)) from None
-        return RunNowResult(
-            name=name, instance=instance, detail="due now; it runs at the next poll"
-        )
+async def _is_known(state: EkbatanState, name: str) -> bool:
+    """Registered here, in the table, or paused."""
+    if name in state.jobs or name in state.registry.jobs:
+        return True
+    if await state.client.list(name, limit=1):
+        return True
+    return name in await state.client.paused()
 
 
 jobs_router = create_jobs_router()
-"""``GET /jobs`` and ``GET /jobs/{name}``, without admin routes."""
+"""``GET /jobs``, ``GET /jobs/{name}``, its history and the dashboard, without admin routes."""
