@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ _MAX_BATCH = 1000
 _MAX_BUFFER = 50_000
 _MESSAGE_LIMIT = 2000
 _INSTANCE_RETENTION = timedelta(days=1)
+_RECHECK_MISSING = 30.0
 
 
 def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> Outcome:
@@ -62,11 +64,18 @@ class OperationsRecorder:
         self._dropped = 0
         self._warned_missing = False
         self._closing = False
+        self._checked_at = -_RECHECK_MISSING
 
     async def check(self) -> bool:
-        """Look for the tables (once at startup, then at each maintenance until found)."""
+        """Look for the tables: at startup, then at most every 30 s until they are found
+        (a missing table is remembered, so /jobs and the client do not inspect the catalog on
+        every call)."""
         if self.available:
             return True
+        now = time.monotonic()
+        if now - self._checked_at < _RECHECK_MISSING:
+            return False
+        self._checked_at = now
         self.available = await self.ops.exists()
         self.ops.tasks.pauses_enabled = self.available
         if not self.available and not self._warned_missing:
