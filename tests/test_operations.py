@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -16,6 +18,8 @@ from ekbatan_fastapi import (
     TaskPausedError,
     create_schema,
 )
+from ekbatan_fastapi.operations.recorder import OperationsRecorder
+from ekbatan_fastapi.repository.model import FinishKind
 
 from .helpers import CountingJob, RecordingJob, RegistryFactory, is_mysql, wait_until
 
@@ -189,3 +193,49 @@ async def test_without_the_operations_tables_scheduling_still_works(
     assert await registry.client.paused() == {}
     with pytest.raises(SchemaMissingError, match="create_schema"):
         await registry.client.history()
+
+
+class _Ops:
+    """Stands in for OperationsRepository: remembers each insert's size and time."""
+
+    def __init__(self) -> None:
+        self.inserts: list[tuple[int, float]] = []
+
+    async def insert_history(self, records: Any) -> None:
+        self.inserts.append((len(records), asyncio.get_running_loop().time()))
+
+
+def _finished(n: int) -> tuple[Any, Any]:
+    row = SimpleNamespace(task_name="t", task_instance=f"i{n}", execution_time=datetime.now(UTC))
+    execution = SimpleNamespace(row=row, error=None, started=row.execution_time, finished_at=None)
+    return execution, SimpleNamespace(kind=FinishKind.DELETED)
+
+
+async def test_history_writer_lingers_for_a_batch_and_flushes_at_shutdown() -> None:
+    ops = _Ops()
+    recorder = OperationsRecorder(
+        ops,  # type: ignore[arg-type]
+        "me",
+        history=True,
+        retention=timedelta(days=1),
+        on_db_error=lambda error, where: None,
+    )
+    recorder.available = True
+    writer = asyncio.create_task(recorder.run())
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    for n in range(3):
+        recorder.record(*_finished(n), True)
+        await asyncio.sleep(0.01)
+    await wait_until(lambda: ops.inserts != [], what="the first insert")
+    assert ops.inserts[0][0] == 3, "three records trickling in make one statement"
+    assert ops.inserts[0][1] - began >= 0.09, "the writer waited for more"
+    for n in range(2500):  # a full batch is written at once, without waiting
+        recorder.record(*_finished(n), True)
+    await wait_until(lambda: sum(size for size, _ in ops.inserts) == 2503, what="the burst")
+    assert [size for size, _ in ops.inserts] == [3, 1000, 1000, 500]
+    recorder.record(*_finished(0), True)
+    recorder.close()
+    started_close = loop.time()
+    await asyncio.wait_for(writer, 1)
+    assert ops.inserts[-1][0] == 1 and ops.inserts[-1][1] - started_close < 0.05
