@@ -1,0 +1,346 @@
+"""The chaos harness's jobs, its execution ledger and a probe on the repository.
+
+Imported by the plain scheduler processes (``bench/chaos_worker.py``) and by the example app
+(``EKBATAN_JOBS__MODULES=bench.chaos_jobs``), and configured by environment variables so that
+every process of a run registers the same jobs:
+
+``CHAOS_LEDGER_DIR``  where each process appends its ledger (``ledger-<pid>.jsonl``); required
+``CHAOS_RECURRING``   how many recurring jobs (``chaos-r00`` ...), each FIXED_RATE 200-500 ms
+``CHAOS_EXTRA``       comma-separated extra one-time jobs: ``long``, ``block``, ``sync``
+``CHAOS_LABEL``       this process's name in the ledger
+``CHAOS_DEADLINE``    a wall-clock time (epoch seconds) after which the process stops itself
+
+The ledger is a file per process, written with one ``os.write`` per record on an
+``O_APPEND`` descriptor: a record survives SIGKILL and SIGSTOP of its writer, and it does
+not depend on the database that the faults are injected into.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from ekbatan_fastapi import (
+    DistributedJob,
+    ExecutionContext,
+    FailureHandler,
+    OneTimeJob,
+    RetryLater,
+    Schedule,
+    Schedules,
+    distributed_job,
+)
+from ekbatan_fastapi.job import _Job
+from ekbatan_fastapi.repository.base import TaskRepository
+from ekbatan_fastapi.repository.model import Finish, FinishKind, TaskKey, TaskRow
+
+__all__ = [
+    "ONCE",
+    "PREFIX",
+    "Ledger",
+    "Ledgered",
+    "job_instances",
+    "micros",
+    "recurring_period",
+    "recurring_work",
+]
+
+PREFIX = "chaos-"
+ONCE = "chaos-once"
+LONG = "chaos-long"
+BLOCK = "chaos-block"
+SYNC = "chaos-sync"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+
+def micros(value: datetime) -> int:
+    """A slot as integer microseconds since the epoch (exact, unlike a float)."""
+    return (value - _EPOCH) // _MICRO
+
+
+def recurring_period(index: int) -> timedelta:
+    """Job ``index``'s fixed-rate period: spread over 200-500 ms, the same in every process."""
+    return timedelta(milliseconds=200 + (index * 37) % 301)
+
+
+def recurring_work(index: int) -> float:
+    """Seconds job ``index`` works per slot: 0 to 45 % of its period."""
+    return recurring_period(index).total_seconds() * ((index * 13) % 46) / 100
+
+
+class Ledger:
+    """This process's append-only ledger file."""
+
+    def __init__(self, directory: Path, label: str) -> None:
+        self.directory = directory
+        self.label = label
+        self._fd: int | None = None
+        self._pid = -1
+
+    def write(self, event: str, **fields: Any) -> None:
+        pid = os.getpid()
+        if self._fd is None or self._pid != pid:
+            path = self.directory / f"ledger-{pid}.jsonl"
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._pid = pid
+        record = {"e": event, "pid": pid, "t": time.time(), **fields}
+        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+
+_ledger: Ledger | None = None
+
+
+def ledger() -> Ledger:
+    global _ledger
+    if _ledger is None:
+        directory = os.environ.get("CHAOS_LEDGER_DIR")
+        if not directory:
+            raise RuntimeError("CHAOS_LEDGER_DIR is not set: the chaos jobs need a ledger")
+        _ledger = Ledger(Path(directory), os.environ.get("CHAOS_LABEL", f"pid-{os.getpid()}"))
+    return _ledger
+
+
+def _slot_fields(ctx: ExecutionContext) -> dict[str, Any]:
+    return {
+        "task": ctx.task_name,
+        "inst": ctx.task_instance,
+        "slot": micros(ctx.execution_time),
+        "ver": ctx.version,
+        "by": ctx.picked_by,
+    }
+
+
+class Bailed(Exception):
+    """A polite job stopped early because its heartbeats went stale."""
+
+
+class Ledgered:
+    """Writes ``start`` before the work and ``end`` (with the outcome) after it."""
+
+    async def ledgered(self, ctx: ExecutionContext, work: Callable[[], Awaitable[None]]) -> None:
+        fields = _slot_fields(ctx)
+        ledger().write("start", **fields)
+        try:
+            await work()
+        except asyncio.CancelledError:
+            ledger().write("end", outcome="cancelled", **fields)
+            raise
+        except Bailed as error:
+            ledger().write("end", outcome="bailed", detail=str(error), **fields)
+            raise
+        except Exception as error:
+            ledger().write("end", outcome="failed", detail=repr(error)[:200], **fields)
+            raise
+        ledger().write("end", outcome="ok", **fields)
+
+
+class ChaosRecurring(Ledgered, DistributedJob):
+    """Recurring job ``index``: a FIXED_RATE slot that works for a fixed fraction of it."""
+
+    index = 0
+
+    def name(self) -> str:
+        return f"{PREFIX}r{self.index:02d}"
+
+    def schedule(self) -> Schedule:
+        return Schedules.fixed_rate(recurring_period(self.index))
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        await self.ledgered(ctx, functools.partial(asyncio.sleep, recurring_work(self.index)))
+
+
+class _Retried(OneTimeJob):
+    def failure_handler(self) -> FailureHandler:
+        return RetryLater(timedelta(seconds=1))
+
+
+class ChaosOnce(Ledgered, _Retried):
+    """A one-time task that works for ``data["ms"]`` milliseconds."""
+
+    def name(self) -> str:
+        return ONCE
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        seconds = float(ctx.data.get("ms", 0)) / 1000 if isinstance(ctx.data, dict) else 0.0
+        await self.ledgered(ctx, functools.partial(asyncio.sleep, seconds))
+
+
+class ChaosLong(Ledgered, _Retried):
+    """Works ``data["seconds"]``; a polite one (``data["polite"]``) gives up once half of the
+    dead window passed without a successful heartbeat, before a peer can take it over."""
+
+    def name(self) -> str:
+        return LONG
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        data = ctx.data if isinstance(ctx.data, dict) else {}
+        seconds = float(data.get("seconds", 1.0))
+        polite = bool(data.get("polite", False))
+
+        async def work() -> None:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                fraction = ctx.heartbeat_state.fraction_dead
+                if polite and fraction >= 0.5:
+                    raise Bailed(f"fraction_dead={fraction:.2f}")
+                await asyncio.sleep(0.02)
+
+        await self.ledgered(ctx, work)
+
+
+class ChaosBlock(Ledgered, _Retried):
+    """An ``async def`` that blocks the event loop for ``data["seconds"]`` (a mistake)."""
+
+    def name(self) -> str:
+        return BLOCK
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        seconds = float(ctx.data.get("seconds", 1.0)) if isinstance(ctx.data, dict) else 1.0
+
+        async def work() -> None:
+            time.sleep(seconds)  # noqa: ASYNC251 - deliberately blocks the event loop
+
+        await self.ledgered(ctx, work)
+
+
+class ChaosSync(_Retried):
+    """A plain ``def`` (it runs in a worker thread) that works ``data["seconds"]`` and ignores
+    ``ctx.is_shutting_down``: it cannot be cancelled at shutdown."""
+
+    def name(self) -> str:
+        return SYNC
+
+    def execute(self, ctx: ExecutionContext) -> None:
+        seconds = float(ctx.data.get("seconds", 1.0)) if isinstance(ctx.data, dict) else 1.0
+        fields = _slot_fields(ctx)
+        ledger().write("start", **fields)
+        time.sleep(seconds)
+        ledger().write("end", outcome="ok", **fields)
+
+
+_EXTRA_CLASSES: dict[str, type[_Job]] = {"long": ChaosLong, "block": ChaosBlock, "sync": ChaosSync}
+
+
+def _configured_classes() -> list[type[_Job]]:
+    """Marked subclasses for this process's configuration, found by the example app's
+    ``@distributed_job`` discovery (each class gives one instance, hence one class per job)."""
+    classes: list[type[_Job]] = []
+    for index in range(int(os.environ.get("CHAOS_RECURRING", "0"))):
+        classes.append(type(f"ChaosRecurring{index:02d}", (ChaosRecurring,), {"index": index}))
+    classes.append(type("ChaosOnceJob", (ChaosOnce,), {}))
+    for kind in filter(None, os.environ.get("CHAOS_EXTRA", "").split(",")):
+        base = _EXTRA_CLASSES.get(kind.strip())
+        if base is None:
+            raise RuntimeError(f"CHAOS_EXTRA: unknown job kind {kind!r}")
+        classes.append(type(f"{base.__name__}Job", (base,), {}))
+    return [distributed_job(cls) for cls in classes]
+
+
+def job_instances() -> list[_Job]:
+    """One instance of every configured job (for a registry built by hand)."""
+    return [cls() for cls in _CLASSES]
+
+
+# -- a probe on the repository: which results were recorded, which rows were revived -----------
+
+
+def _record_finishes(event: str, items: Sequence[Finish], recorded: set[TaskKey] | None) -> None:
+    for item in items:
+        owned = item.owned
+        if not owned.task_name.startswith(PREFIX):
+            continue
+        ledger().write(
+            event if recorded is None or owned.key in recorded else "rejected",
+            task=owned.task_name,
+            inst=owned.task_instance,
+            ver=owned.version,
+            kind=FinishKind(item.kind).name.lower(),
+            next=micros(item.next_time) if item.next_time is not None else None,
+        )
+
+
+def _wrap_finish(method: Callable[..., Awaitable[set[TaskKey]]]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def finish(self: TaskRepository, items: Sequence[Finish]) -> set[TaskKey]:
+        try:
+            recorded = await method(self, items)
+        except BaseException:
+            # The statement may have committed before the connection broke: the completer's
+            # retry is then rejected although the result was recorded (the audit knows).
+            _record_finishes("finish-error", items, None)
+            raise
+        _record_finishes("recorded", items, recorded)
+        return recorded
+
+    return finish
+
+
+def _wrap_revive(method: Callable[..., Awaitable[list[TaskRow]]]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def revive_dead(
+        self: TaskRepository, names: Sequence[str], dead_after: timedelta
+    ) -> list[TaskRow]:
+        rows = await method(self, names, dead_after)
+        for row in rows:
+            if row.task_name.startswith(PREFIX):
+                ledger().write(
+                    "revive",
+                    task=row.task_name,
+                    inst=row.task_instance,
+                    slot=micros(row.execution_time),
+                    ver=row.version,
+                    owner=row.picked_by,
+                    hb=row.last_heartbeat.timestamp() if row.last_heartbeat else None,
+                )
+        return rows
+
+    return revive_dead
+
+
+def _install_probe() -> None:
+    """Wrap ``finish`` and ``revive_dead`` of every repository class that defines them: the
+    probe only observes (it calls through and returns the same answer)."""
+    from ekbatan_fastapi.repository import mysql, postgresql
+
+    for module in (postgresql, mysql):
+        for value in vars(module).values():
+            if not (isinstance(value, type) and issubclass(value, TaskRepository)):
+                continue
+            if "finish" in value.__dict__ and not hasattr(value.finish, "__wrapped__"):
+                value.finish = _wrap_finish(value.finish)  # type: ignore[method-assign]
+            if "revive_dead" in value.__dict__ and not hasattr(value.revive_dead, "__wrapped__"):
+                value.revive_dead = _wrap_revive(value.revive_dead)  # type: ignore[method-assign]
+
+
+def _watchdog() -> None:
+    """Stop this process at ``CHAOS_DEADLINE`` or when its parent (the harness) is gone:
+    SIGTERM first, SIGKILL 20 s later. No chaos process outlives its run."""
+    deadline = float(os.environ.get("CHAOS_DEADLINE", "0")) or time.time() + 900
+    parent = os.getppid()
+
+    def watch() -> None:
+        while time.time() < deadline and os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(20)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="chaos-watchdog", daemon=True).start()
+
+
+_CLASSES: list[type[_Job]] = []
+if os.environ.get("CHAOS_LEDGER_DIR"):
+    _CLASSES = _configured_classes()
+    _install_probe()
+    _watchdog()
+    ledger().write("boot", label=ledger().label)

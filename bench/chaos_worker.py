@@ -1,0 +1,84 @@
+"""A plain scheduler process of the chaos harness (no web server): ``python -m
+bench.chaos_worker URL [options]``, with the ``CHAOS_*`` environment of ``bench/chaos_jobs.py``.
+
+It prints ``STARTED`` once its registry started (the database may still be away) and ``READY``
+once the scheduler reached the database. SIGTERM stops it gracefully (two-phase shutdown);
+``CHAOS_DEADLINE`` or the harness's exit stops it in any case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from datetime import timedelta
+
+from ekbatan_fastapi import OffsetClock, SchedulerBuilder, job_registry
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos_worker")
+    parser.add_argument("url")
+    parser.add_argument("--name", required=True, help="the scheduler name (picked_by)")
+    parser.add_argument("--poll", type=float, default=0.5, help="polling interval, seconds")
+    parser.add_argument("--heartbeat", type=float, default=0.25, help="seconds")
+    parser.add_argument("--missed", type=int, default=6, help="missed_heartbeats_limit")
+    parser.add_argument("--shutdown-wait", type=float, default=1.0, help="seconds, applied 2x")
+    parser.add_argument(
+        "--clock-offset", type=float, default=0.0, help="this process's clock error, seconds"
+    )
+    parser.add_argument("--dialect", default=None, help="a b.dialect(...) override")
+    return parser.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    from bench import chaos_jobs  # configures itself from CHAOS_* (ledger, probe, watchdog)
+
+    def customize(b: SchedulerBuilder) -> None:
+        b.missed_heartbeats_limit(args.missed)
+        b.scheduler_name(args.name)
+        if args.clock_offset:
+            b.clock(OffsetClock(timedelta(seconds=args.clock_offset)))
+        if args.dialect:
+            b.dialect(args.dialect)
+
+    registry = (
+        job_registry()
+        .connection_provider(args.url)
+        .with_jobs(chaos_jobs.job_instances())
+        .poll_interval(timedelta(seconds=args.poll))
+        .heartbeat_interval(timedelta(seconds=args.heartbeat))
+        .shutdown_max_wait(timedelta(seconds=args.shutdown_wait))
+        .customize_scheduler(customize)
+        .build()
+    )
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with registry:
+        print("STARTED", flush=True)
+        waiter = asyncio.create_task(registry.wait_until_ready())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter.done():
+            print("READY", flush=True)
+        await stopper
+        waiter.cancel()
+        chaos_jobs.ledger().write("stopping")
+    chaos_jobs.ledger().write("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format=f"%(asctime)s [{args.name} {os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
+    return asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
