@@ -33,3 +33,8 @@ class UnknownJobError(EkbatanError, LookupError):
 
 class TaskPausedError(EkbatanError):
     """The task is paused cluster-wide; the action needs ``force=True`` or a resume first."""
+
+
+class DatabaseTimeout(EkbatanError, TimeoutError):
+    """A statement got no answer within ``statement_timeout``; its connection was discarded
+    (it may have died without a reset). The scheduler's loops retry on a new connection."""

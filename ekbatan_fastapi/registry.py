@@ -38,6 +38,7 @@ class SchedulerBuilder:
         self.config = SchedulerConfig()
         self._dialect: str | type[TaskRepository] | None = None
         self._table_name = DEFAULT_TABLE_NAME
+        self._statement_timeout: timedelta | None = timedelta(seconds=30)
 
     def polling_interval(self, value: timedelta) -> SchedulerBuilder:
         self.config.polling_interval = value
@@ -98,6 +99,13 @@ class SchedulerBuilder:
                 f"observer must be a SchedulerObserver (ekbatan_fastapi.observer), got {value!r}"
             )
         self.config.observers.append(value)
+        return self
+
+    def statement_timeout(self, value: timedelta | None) -> SchedulerBuilder:
+        """How long one database statement may take (default 30 s; None: unbounded). A
+        connection that died without a reset never answers; past this bound it is discarded
+        and the statement retried on a new one, instead of the loop waiting forever."""
+        self._statement_timeout = value
         return self
 
     def dialect(self, value: str | type[TaskRepository]) -> SchedulerBuilder:
@@ -181,6 +189,12 @@ class JobRegistryBuilder:
         else:
             repo_cls = repository_class(dialect or provider.dialect)
         repository = repo_cls(provider.engine, table_name)
+        timeout = self._scheduler._statement_timeout
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise ConfigurationError(
+                f"statement_timeout must be a positive timedelta or None, got {timeout!r}"
+            )
+        repository.statement_timeout = timeout.total_seconds() if timeout is not None else None
         return JobRegistry(provider, repository, jobs, config)
 
 

@@ -316,7 +316,11 @@ class Scheduler(Housekeeping):
         interval = self.config.polling_interval.total_seconds()
         while not self._stopping:
             if len(self.running) >= self.batch_size:
-                await self._sleep(interval)  # woken when executions finish
+                # Nothing can be claimed until executions finish (the completer wakes us then),
+                # so a known due time is moot; one in the past would make _sleep return at once
+                # without yielding, and this loop would spin and starve the event loop.
+                self._planned_due = None
+                await self._sleep(interval)
                 continue
             began = self.clock.monotonic()
             try:

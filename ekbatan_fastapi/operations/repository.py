@@ -35,7 +35,7 @@ class OperationsRepository:
             inspector = inspect(sync_conn)
             return all(inspector.has_table(name, schema=schema) for name in names)
 
-        async with self.tasks.engine.connect() as conn:
+        async with self.tasks._connect() as conn:
             return bool(await conn.run_sync(check))
 
     def _upsert(self, table: Any, values: dict[str, Any], update: dict[str, Any]) -> Any:

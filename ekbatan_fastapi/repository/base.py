@@ -15,16 +15,18 @@ The lease protocol, which every dialect implements:
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import ColumnElement, Executable
 
-from ..errors import SchemaMissingError
+from ..errors import DatabaseTimeout, SchemaMissingError
 from ..operations.tables import PAUSED
 from ..schema import scheduled_tasks_table
 from .model import Finish, NewTask, Owned, PollResult, TaskKey, TaskRow
@@ -51,6 +53,13 @@ class TaskRepository(abc.ABC):
     supports_notify: bool = False
     """True where ``listen`` can push "something became due" to every instance."""
 
+    statement_timeout: float | None = 30.0
+    """Seconds a statement (with its connection checkout) may take; None: unbounded. A
+    connection that died without a reset (a partition, a failover that moved the address)
+    never answers: without this bound the loop waiting on it would wait forever. On timeout
+    the connection is discarded and ``DatabaseTimeout`` raised; the loop retries on a new one.
+    Set by ``b.statement_timeout(...)``."""
+
     def __init__(self, engine: AsyncEngine, table_name: str) -> None:
         self.table_name = table_name
         self.table = scheduled_tasks_table(table_name)
@@ -76,9 +85,37 @@ class TaskRepository(abc.ABC):
             "or call `await ekbatan_fastapi.create_schema(engine)` once at deployment"
         )
 
+    @contextlib.asynccontextmanager
+    async def _connect(
+        self, engine: AsyncEngine | None = None, *, begin: bool = False
+    ) -> AsyncIterator[AsyncConnection]:
+        """A pooled connection (in a transaction when ``begin``) whose whole use is bounded
+        by ``statement_timeout``; on timeout the connection is invalidated, never reused."""
+        async with contextlib.AsyncExitStack() as stack:
+            conn: AsyncConnection | None = None
+            try:
+                async with asyncio.timeout(self.statement_timeout):
+                    conn = await stack.enter_async_context((engine or self.engine).connect())
+                    if begin:
+                        await stack.enter_async_context(conn.begin())
+                    yield conn
+            except TimeoutError:
+                if conn is not None:
+                    await conn.invalidate()
+                raise DatabaseTimeout(
+                    f"no answer from the database within {self.statement_timeout:g}s "
+                    "(statement_timeout); the connection was discarded"
+                ) from None
+            except asyncio.CancelledError:
+                # Interrupted mid-statement (a stopping loop): the driver may still wait for
+                # the answer or for its cancel request, so the connection is not reusable.
+                if conn is not None:
+                    await conn.invalidate()
+                raise
+
     async def _rows(self, stmt: Executable, params: Any = None) -> list[Any]:
         try:
-            async with self.engine.connect() as conn:
+            async with self._connect() as conn:
                 result = await conn.execute(stmt, params)
                 return list(result.fetchall()) if result.returns_rows else []
         except DBAPIError as error:
@@ -88,7 +125,7 @@ class TaskRepository(abc.ABC):
 
     async def _rowcount(self, stmt: Executable, params: Any = None) -> int:
         try:
-            async with self.engine.connect() as conn:
+            async with self._connect() as conn:
                 result = await conn.execute(stmt, params)
                 return int(result.rowcount)
         except DBAPIError as error:
@@ -223,7 +260,7 @@ class TaskRepository(abc.ABC):
             )
         )
         try:
-            async with self.tx_engine.begin() as conn:
+            async with self._connect(self.tx_engine, begin=True) as conn:
                 if (await conn.execute(claim)).rowcount != 1:
                     return None
                 row = (await conn.execute(select(t).where(*where))).one()

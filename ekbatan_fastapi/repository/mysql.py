@@ -139,7 +139,7 @@ class MySQLRepository(TaskRepository):
         """Run ``work`` in one transaction and commit; a deadlock victim is run again."""
         for attempt in range(1, _DEADLOCK_RETRIES + 1):
             try:
-                async with self._errors(), self.engine.connect() as conn:
+                async with self._errors(), self._connect() as conn:
                     if read_committed and self._read_committed is not None:
                         await conn.execute(self._read_committed)
                     result = await work(conn)
@@ -201,7 +201,7 @@ class MySQLRepository(TaskRepository):
 
     async def _missing_keys(self, keys: list[TaskKey]) -> list[TaskKey]:
         existing: set[TaskKey] = set()
-        async with self._errors(), self.engine.connect() as conn:
+        async with self._errors(), self._connect() as conn:
             for start in range(0, len(keys), _CHUNK):
                 result = await conn.execute(self._existing, {"keys": keys[start : start + _CHUNK]})
                 existing.update((r[0], r[1]) for r in result)
@@ -267,7 +267,7 @@ class MySQLRepository(TaskRepository):
                 raise ValueError(f"{self.dialect_name} has no FOR UPDATE SKIP LOCKED")
             return await self._lock_and_fetch(list(names), limit, picked_by)
         candidates = self._poll_sql[self.pauses_enabled][0]
-        async with self._errors(), self.engine.connect() as conn:
+        async with self._errors(), self._connect() as conn:
             rows = list(await conn.execute(candidates, {"names": list(names), "limit": limit}))
         db_now = self._aware(rows[0]._mapping["db_now"])
         next_due = self.aware(rows[0]._mapping["next_due"])
@@ -399,7 +399,7 @@ class MySQLRepository(TaskRepository):
         keys = [(o.task_name, o.task_instance, o.version) for o in owned]
         if await self._write(self._heartbeat, {"owned": keys}) == len(set(keys)):
             return {o.key for o in owned}
-        async with self._errors(), self.engine.connect() as conn:
+        async with self._errors(), self._connect() as conn:
             result = await conn.execute(self._still_owned, {"owned": keys})
             return {(r[0], r[1]) for r in result}
 
@@ -409,7 +409,7 @@ class MySQLRepository(TaskRepository):
         if not names:
             return []
         dead_us = dead_after // timedelta(microseconds=1)
-        async with self._errors(), self.engine.connect() as conn:
+        async with self._errors(), self._connect() as conn:
             result = await conn.execute(
                 self._dead_candidates, {"names": list(names), "dead_us": dead_us}
             )

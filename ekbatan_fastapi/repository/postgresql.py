@@ -7,6 +7,7 @@ same for every batch size and asyncpg prepares it once per connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -250,17 +251,28 @@ class PostgresRepository(TaskRepository):
             on_due(when)
 
         async with self.engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            driver: Any = raw.driver_connection
-            lost = asyncio.Event()
-            driver.add_termination_listener(lambda _c: lost.set())
-            await driver.add_listener(self.channel, received)
+            clean = False
             try:
-                on_due(None)  # catch up on whatever was scheduled while nobody listened
-                await lost.wait()
+                raw = await conn.get_raw_connection()
+                driver: Any = raw.driver_connection
+                lost = asyncio.Event()
+                driver.add_termination_listener(lambda _c: lost.set())
+                async with asyncio.timeout(self.statement_timeout):
+                    await driver.add_listener(self.channel, received)
+                try:
+                    on_due(None)  # catch up on whatever was scheduled while nobody listened
+                    await lost.wait()
+                finally:
+                    if not driver.is_closed():
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(self.statement_timeout):
+                                await driver.remove_listener(self.channel, received)
+                                clean = True
             finally:
-                if not driver.is_closed():
-                    await driver.remove_listener(self.channel, received)
+                if not clean:
+                    # A connection that died silently would never answer; one still waiting
+                    # for an answer (or for a cancel request) must not go back to the pool.
+                    await conn.invalidate()
         raise ConnectionError(f"the LISTEN connection on channel {self.channel} was lost")
 
     async def poll(

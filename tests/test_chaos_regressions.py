@@ -1,0 +1,123 @@
+"""Core bugs the chaos harness (``bench/chaos.py``) found, each pinned by a test that failed
+before its fix.
+
+Each scheduler runs in a thread with an event loop of its own, so a scheduler that hangs or
+spins cannot hang the test: the test waits for the thread with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bench.chaos_cluster import Proxy
+from ekbatan_fastapi import ExecutionContext, JobRegistry, OneTimeJob, Schedules
+
+from .helpers import RecordingJob, RegistryFactory
+
+
+def _run_in_thread(
+    scenario: Callable[[list[JobRegistry]], Coroutine[Any, Any, None]], timeout: float
+) -> list[BaseException]:
+    """Run ``scenario`` in its own thread and loop; if it is still running after
+    ``timeout``, stop the registries it started so that the thread can end. The errors."""
+    registries: list[JobRegistry] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(scenario(registries))
+        except BaseException as error:  # reported by the test, not as a thread error
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        for registry in registries:
+            registry.scheduler._stopping = True
+        thread.join(10)
+        errors.append(TimeoutError(f"the scheduler was still running after {timeout:g}s"))
+    return errors
+
+
+class SlowJob(OneTimeJob):
+    """Works 0.3 s per instance on the event loop."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    def name(self) -> str:
+        return "slow"
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        await asyncio.sleep(0.3)
+        self.done.append(ctx.task_instance)
+
+
+def test_a_full_batch_with_a_past_due_time_does_not_spin_the_event_loop(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """``chaos.py db-restart``: after an outage the backlog filled the batch while the poller's
+    planned due time lay in the past; its wait for capacity then returned at once without
+    yielding, forever, so the event loop never ran the executions that would free capacity
+    (100 % CPU, no heartbeats, SIGTERM ignored). ``engine`` only creates the table."""
+    job = SlowJob()
+
+    async def scenario(registries: list[JobRegistry]) -> None:
+        factory = RegistryFactory(database_url)
+        registry = await factory.start(job, customize=lambda b: b.batch_size(2))
+        registries.append(registry)
+        at = datetime.now(UTC) + timedelta(milliseconds=300)  # remembered as the next due time
+        await registry.client.schedule_many("slow", [(f"i{n}", at, None) for n in range(5)])
+        for _ in range(100):
+            if len(job.done) == 5:
+                break
+            await asyncio.sleep(0.05)
+        await factory.close()
+
+    errors = _run_in_thread(scenario, timeout=15)
+    assert sorted(job.done) == [f"i{n}" for n in range(5)], "the event loop was starved"
+    assert errors == []
+
+
+def test_a_connection_that_dies_silently_does_not_hang_the_scheduler(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """``chaos.py db-restart`` with a black hole: the database's connections stop answering
+    without a reset (a partition, a failover that moved the address). Each loop waited for an
+    answer forever: after the network healed the scheduler never ran anything again, and it
+    did not stop either. Every statement is now bounded by ``statement_timeout``; the silent
+    connection is discarded and the loop retries on a new one."""
+    job = RecordingJob("tick", Schedules.fixed_rate(timedelta(milliseconds=100)))
+    after_heal: list[int] = []
+
+    async def scenario(registries: list[JobRegistry]) -> None:
+        proxy = Proxy(database_url)
+        await proxy.start()
+        factory = RegistryFactory(proxy.url)
+        registry = await factory.start(
+            job, customize=lambda b: b.statement_timeout(timedelta(seconds=1))
+        )
+        registries.append(registry)
+        await asyncio.wait_for(job.started.wait(), 10)
+        await proxy.blackhole()
+        await asyncio.sleep(2.0)
+        await proxy.heal(reset=False)  # new connections work; the silent ones stay silent
+        healed = len(job.slots)
+        for _ in range(100):
+            if len(job.slots) >= healed + 5:
+                break
+            await asyncio.sleep(0.05)
+        after_heal.append(len(job.slots) - healed)
+        await asyncio.wait_for(factory.close(), 15)
+        await proxy.close()
+
+    errors = _run_in_thread(scenario, timeout=30)
+    assert after_heal and after_heal[0] >= 5, f"{after_heal} runs after the network healed"
+    assert errors == []
