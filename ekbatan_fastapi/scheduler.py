@@ -164,8 +164,12 @@ class Scheduler(Housekeeping):
             return
         self._stopping = True
         self.request_poll()
-        await self._cancel("listener", "poller")
         wait = self.config.shutdown_max_wait.total_seconds()
+        await self._cancel("listener")
+        # The poller is not cancelled: a claim interrupted mid-statement may have committed
+        # and its rows would stay picked, run by nobody. Woken above, it finishes its statement,
+        # starts what it claimed (waited for below like any execution) and returns.
+        await self._drain("poller", timeout=max(wait, 1.0))
         tasks = {e.task for e in self.running.values() if e.task is not None}
         if tasks:
             log.info(

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -119,3 +120,31 @@ async def test_library_installs_no_signal_handlers(registries: RegistryFactory) 
     assert not getattr(loop, "_signal_handlers", {})
     await registry.stop()
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+async def test_stop_during_a_claim_runs_what_was_claimed(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    from .helpers import CountingJob
+
+    job = CountingJob()
+    registry = registries.build(job, poll=30.0)
+    await registry.client.schedule("count", "claimed-while-stopping")
+    real_poll = registry.repository.poll
+    in_poll = asyncio.Event()
+
+    async def slow_poll(*args: Any) -> Any:
+        result = await real_poll(*args)  # the claim has committed...
+        if result.claimed:
+            in_poll.set()
+            await asyncio.sleep(0.3)  # ...and stop() arrives before the rows are started
+        return result
+
+    registry.repository.poll = slow_poll  # type: ignore[method-assign]
+    await registry.start()
+    await asyncio.wait_for(in_poll.wait(), 5)
+    await registry.stop()
+    assert job.runs["claimed-while-stopping"] == 1
+    async with engine.connect() as conn:
+        left = (await conn.execute(text("SELECT count(*) FROM scheduled_tasks"))).scalar_one()
+    assert left == 0, "a claimed row was left picked, run by nobody"
