@@ -25,21 +25,37 @@ from .repository.model import NewTask, TaskRow
 if TYPE_CHECKING:
     from .scheduler import Scheduler
 
-__all__ = ["MAX_NAME_LENGTH", "ScheduledTask", "SchedulerClient", "validate_name"]
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "ScheduledTask",
+    "SchedulerClient",
+    "is_storable_text",
+    "validate_name",
+]
 
 MAX_NAME_LENGTH = 100
 _UNSET: Any = object()
+
+
+def is_storable_text(value: str) -> bool:
+    """True when a database can store ``value``: UTF-8 encodable (no lone surrogate, which
+    Python strings may hold) and without NUL."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in value
 
 
 def validate_name(value: object, what: str) -> str:
     """Task names and instance ids: non-empty strings of at most 100 characters."""
     if not isinstance(value, str):
         raise ConfigurationError(f"{what} must be a string, got {type(value).__name__}: {value!r}")
-    if not value.strip() or len(value) > MAX_NAME_LENGTH or "\x00" in value:
+    if not value.strip() or len(value) > MAX_NAME_LENGTH or not is_storable_text(value):
         shown = value if len(value) <= 120 else value[:117] + "..."
         raise ConfigurationError(
-            f"{what} {shown!r} is invalid: use 1 to {MAX_NAME_LENGTH} characters (no NUL), "
-            f"not blank (got {len(value)} characters)"
+            f"{what} {shown!r} is invalid: use 1 to {MAX_NAME_LENGTH} characters (no NUL, "
+            f"no lone surrogate), not blank (got {len(value)} characters)"
         )
     return value
 

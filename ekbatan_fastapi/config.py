@@ -25,6 +25,14 @@ def default_scheduler_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"[-50:]
 
 
+def _storable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
 @dataclass
 class SchedulerConfig:
     """Everything the scheduler core needs besides the repository and the jobs."""
@@ -93,7 +101,8 @@ class SchedulerConfig:
                 f"batch_size must be an integer from 1 to 10000, got {self.batch_size!r}"
             )
         name = self.scheduler_name
-        if not isinstance(name, str) or not name.strip() or len(name) > 50:
+        if not isinstance(name, str) or not name.strip() or len(name) > 50 or not _storable(name):
             raise ConfigurationError(
-                f"scheduler_name must be 1 to 50 characters (the picked_by column), got {name!r}"
+                f"scheduler_name must be 1 to 50 characters (the picked_by column; no NUL, no "
+                f"lone surrogate), got {name!r}"
             )

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .client import MAX_NAME_LENGTH, SchedulerClient
+from .client import MAX_NAME_LENGTH, SchedulerClient, is_storable_text
 from .clock import Clock
 from .config import SchedulerConfig
 from .connection import ConnectionProvider, repository_class, resolve_connection
@@ -212,9 +212,15 @@ def _validate_jobs(jobs: list[_Job]) -> list[_Job]:
             )
         name = job.name()
         kind = type(job).__name__
-        if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_LENGTH:
+        if (
+            not isinstance(name, str)
+            or not name.strip()
+            or len(name) > MAX_NAME_LENGTH
+            or not is_storable_text(name)
+        ):
             raise ConfigurationError(
-                f"{kind}.name() must return 1 to {MAX_NAME_LENGTH} characters, got {name!r}"
+                f"{kind}.name() must return 1 to {MAX_NAME_LENGTH} characters (no NUL, no lone "
+                f"surrogate), got {name!r}"
             )
         if name in seen:
             raise ConfigurationError(

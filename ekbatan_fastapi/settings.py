@@ -335,7 +335,10 @@ class YamlFileSource(PydanticBaseSettingsSource):
                 f"{source} has no 'ekbatan:' mapping at the top level; the settings live "
                 "under it (ekbatan: / jobs: / polling-interval: PT10S)"
             )
-        result = _interpolate(document["ekbatan"], "ekbatan", source)
+        try:
+            result = _interpolate(document["ekbatan"], "ekbatan", source)
+        except ValueError as error:  # a non-string key, or one key in two spellings
+            raise ConfigurationError(f"invalid ekbatan settings: {error}") from None
         assert isinstance(result, dict)
         return result
 
