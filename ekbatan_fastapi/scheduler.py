@@ -453,8 +453,17 @@ class Scheduler(Housekeeping):
                 self._finish_ready.clear()
                 continue
             batch = self._pending[:_MAX_FINISH_BATCH]
+            # After an outage a row revived and claimed again by this instance can have a stale
+            # result and a fresh one pending together. Only the newest claim can still match
+            # the row's version, and the repository answers with keys: the older results are
+            # not sent, and count as superseded.
+            newest: dict[TaskKey, int] = {}
+            for finish, _, _ in batch:
+                owned = finish.owned
+                newest[owned.key] = max(newest.get(owned.key, owned.version), owned.version)
+            current = [f for f, _, _ in batch if f.owned.version == newest[f.owned.key]]
             try:
-                recorded = await self.repository.finish([finish for finish, _, _ in batch])
+                recorded = await self.repository.finish(current)
             except Exception as error:
                 self._db_failed(error, "recording results")
                 await asyncio.sleep(backoff.next())
@@ -463,8 +472,10 @@ class Scheduler(Housekeeping):
             del self._pending[: len(batch)]
             was_full = len(self.running) >= self.batch_size
             for finish, future, execution in batch:
-                self.running.pop(execution.row.key, None)
-                ok = finish.owned.key in recorded
+                key = execution.row.key
+                if self.running.get(key) is execution:  # not a newer claim of the same row
+                    del self.running[key]
+                ok = key in recorded and finish.owned.version == newest[key]
                 self.recorder.record(execution, finish, ok)
                 if self.observer.active:
                     self.observer.execution_finished(finished_event(execution, finish, ok))

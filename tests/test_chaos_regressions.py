@@ -8,17 +8,19 @@ spins cannot hang the test: the test waits for the thread with a timeout.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.chaos_cluster import Proxy
 from ekbatan_fastapi import ExecutionContext, JobRegistry, OneTimeJob, Schedules
 
-from .helpers import RecordingJob, RegistryFactory
+from .helpers import RecordingJob, RegistryFactory, wait_until
 
 
 def _run_in_thread(
@@ -121,3 +123,73 @@ def test_a_connection_that_dies_silently_does_not_hang_the_scheduler(
     errors = _run_in_thread(scenario, timeout=30)
     assert after_heal and after_heal[0] >= 5, f"{after_heal} runs after the network healed"
     assert errors == []
+
+
+async def test_a_stale_and_a_fresh_result_of_one_row_in_one_batch_are_told_apart(
+    any_registries: RegistryFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``chaos.py db-restart``: during an outage an execution's result could not be recorded
+    and its heartbeats failed, so the row was revived and run again by the same instance. Once
+    the database was back, the completer sent both results in one batch; the repository
+    answers with the keys it recorded, so the stale result (whose version no longer matched,
+    and was not written) was reported as recorded too: history and observers said
+    "succeeded" and the log did not say the result was superseded."""
+    job = RecordingJob("once-an-hour", Schedules.fixed_delay(timedelta(hours=1)))
+    registry = await any_registries.start(job)
+    repository = registry.repository
+
+    async def down(*_args: object) -> set[tuple[str, str]]:
+        raise OSError("the database is away")
+
+    repository.finish = down  # type: ignore[method-assign,assignment]
+    repository.heartbeat = down  # type: ignore[method-assign,assignment]
+    await wait_until(lambda: len(job.slots) >= 1, what="the first run")
+    # the row is revived by this instance itself (its heartbeats fail) and run again
+    await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun")
+    await wait_until(lambda: len(registry.scheduler._pending) == 2, what="both results pending")
+    with caplog.at_level(logging.WARNING, logger="ekbatan_fastapi"):
+        del repository.finish, repository.heartbeat  # the database is back
+        await wait_until(lambda: not registry.scheduler._pending, what="the results recorded")
+    superseded = [r for r in caplog.records if "result not recorded" in r.getMessage()]
+    assert len(superseded) == 1, [r.getMessage() for r in caplog.records]
+    task = await registry.client.get("once-an-hour", "recurring")
+    assert task is not None and not task.picked
+    # inserted 1, claimed 2, revived 3, claimed again 4, the fresh result written 5
+    assert task.version == 5 and task.execution_time > job.slots[0] + timedelta(minutes=59)
+
+
+class BlockOnRerun(RecordingJob):
+    """Returns at once the first time; every later run waits until released."""
+
+    def __init__(self) -> None:
+        super().__init__("blocks-on-rerun", Schedules.fixed_delay(timedelta(hours=1)))
+        self.release = asyncio.Event()
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        self.slots.append(ctx.execution_time)
+        if len(self.slots) > 1:
+            await self.release.wait()
+
+
+async def test_a_stale_result_does_not_unregister_the_rerun_of_its_row(
+    any_registries: RegistryFactory,
+) -> None:
+    """The completer forgot the running execution of a row by its key: the stale result of a
+    row revived meanwhile made it forget the rerun of that row, still running on this instance,
+    whose heartbeats then stopped; the rerun was revived and run a third time."""
+    job = BlockOnRerun()
+    registry = await any_registries.start(job)
+    repository = registry.repository
+
+    async def down(*_args: object) -> set[tuple[str, str]]:
+        raise OSError("the database is away")
+
+    repository.finish = down  # type: ignore[method-assign,assignment]
+    repository.heartbeat = down  # type: ignore[method-assign,assignment]
+    await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun")
+    del repository.finish, repository.heartbeat  # back: only the stale result is pending
+    await wait_until(lambda: not registry.scheduler._pending, what="the stale result rejected")
+    await asyncio.sleep(2 * registry.config.dead_after.total_seconds())
+    assert len(job.slots) == 2, "the rerun lost its heartbeats and was revived"
+    assert [e.version for e in registry.status().running] == [4]
+    job.release.set()
