@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import json
 import random
 import shutil
 import sys
@@ -150,6 +151,7 @@ async def run_scenario(
         finally:
             run.end = time.time()
             codes = await cluster.close()
+            _save_timetable(run)
         result = audit(_audit_input(run, await _remaining(engine)))
         problems = [f"the scenario failed: {error}"] if error else []
         problems += _common_checks(result, codes)
@@ -164,6 +166,22 @@ async def run_scenario(
     if verbose:
         print(table, flush=True)
     return ScenarioResult(name, short, result, problems, table)
+
+
+def _save_timetable(run: Run) -> None:
+    """The faults, the /jobs probes and the processes, next to the ledger (for post-mortems)."""
+    cluster = run.cluster
+    data = {
+        "begin": run.begin,
+        "end": run.end,
+        "faults": [dataclasses.asdict(f) for f in cluster.faults],
+        "probes": [dataclasses.asdict(p) for p in cluster.probes],
+        "processes": [
+            {"label": n.label, "pid": n.pid, "kind": n.kind, "exited": n.exited}
+            for n in cluster.history
+        ],
+    }
+    (cluster.run_dir / "timetable.json").write_text(json.dumps(data, indent=1))
 
 
 async def _remaining(engine: AsyncEngine) -> set[tuple[str, str]]:

@@ -335,7 +335,8 @@ def _probe_summary(recovery: FaultRecovery, probes: Sequence[Probe]) -> None:
     fault = recovery.fault
     if fault.ended is None:
         return
-    during = [p for p in probes if fault.began + 0.3 <= p.t <= fault.ended - 0.3]
+    # answered during the fault: sent after it began, answered (or given up) before it ended
+    during = [p for p in probes if fault.began + 0.3 <= p.t and p.t + p.seconds < fault.ended]
     recovery.jobs_during = sorted({str(p.status) if p.status else p.error or "?" for p in during})
     labels = {p.label for p in probes if p.t > fault.ended}
     times = []

@@ -444,7 +444,7 @@ class Cluster:
 
     async def stop(self, node: Node, seconds: float) -> Fault:
         """SIGSTOP for ``seconds``, then SIGCONT (a stalled process)."""
-        fault = self.fault("stop", [node], f"{seconds:g}s")
+        fault = self.fault("stop", [node], "SIGSTOP, then SIGCONT")
         node.process.send_signal(signal.SIGSTOP)
         try:
             await asyncio.sleep(seconds)
@@ -464,7 +464,7 @@ class Cluster:
         kind = ("outage" if everyone else "partition") if mode == "reset" else "blackhole"
         if kind == "blackhole" and everyone:
             kind = "blackhole-all"
-        fault = self.fault(kind, nodes, f"{seconds:g}s {mode}")
+        fault = self.fault(kind, nodes, mode)
         for node in nodes:
             await (node.proxy.cut() if mode == "reset" else node.proxy.blackhole())
         try:

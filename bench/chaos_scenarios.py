@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from bench.chaos_audit import Audit, FaultRecovery
-from bench.chaos_cluster import Cluster, Fault, Knobs, Node
+from bench.chaos_cluster import Cluster, Fault, Knobs, Node, Probe
 from bench.chaos_jobs import BLOCK, LONG, ONCE, SYNC
 from ekbatan_fastapi import SchedulerClient
 
@@ -132,6 +132,16 @@ def _recoveries(audit: Audit, *kinds: str) -> list[FaultRecovery]:
     return [r for r in audit.recoveries if r.fault.kind in kinds]
 
 
+def _answered_during(probes: list[Probe], fault: Fault, label: str | None = None) -> list[Probe]:
+    """The ``/jobs`` probes sent after the fault began (+0.5 s) and answered before it ended."""
+    ended = fault.ended or 0.0
+    return [
+        p
+        for p in probes
+        if fault.began + 0.5 <= p.t and p.t + p.seconds < ended and label in (None, p.label)
+    ]
+
+
 def _revival_bound(knobs: Knobs) -> float:
     """A dead execution is revived within the dead window after its last heartbeat plus one
     housekeeping round, then claimed by the next poll; 1 s of slack for a loaded machine."""
@@ -181,6 +191,7 @@ async def _stall(run: Run) -> None:
     c = run.cluster
     dead = run.knobs.dead_after
     work = 2 * dead + 0.5
+    work_a = work + 2.5  # phase A's executions must outlive p2's start and p1's stop
     p1 = await c.start_plain("p1", extras=("long",))
     run.processes = "2 plain registry processes (p1, p2), both with the long job"
     run.load = (
@@ -188,8 +199,8 @@ async def _stall(run: Run) -> None:
         "its heartbeats, A-polite and B-polite give up at fraction_dead >= 0.5"
     )
     run.begin = time.time()
-    await run.schedule(LONG, "A-rude", seconds=work)
-    await run.schedule(LONG, "A-polite", seconds=work, polite=True)
+    await run.schedule(LONG, "A-rude", seconds=work_a)
+    await run.schedule(LONG, "A-polite", seconds=work_a, polite=True)
     await run.wait_started(LONG, "A-rude")
     await run.wait_started(LONG, "A-polite")
     await c.start_plain("p2", extras=("long",))
@@ -197,7 +208,7 @@ async def _stall(run: Run) -> None:
     await c.stop(p1, dead + 1.5)  # SIGSTOP past the dead window, then SIGCONT
     # wait until p2's reruns of phase A are done, then phase B: a partition of the holder
     await run.wait_started(LONG, "A-rude", 2)
-    await asyncio.sleep(work + 0.5)
+    await asyncio.sleep(work_a + 0.5)
     await run.schedule(LONG, "B-polite", seconds=work, polite=True)
     holder = run.node_of((await run.wait_started(LONG, "B-polite"))[0]["pid"])
     await asyncio.sleep(0.3)
@@ -251,43 +262,57 @@ def _stall_checks(run: Run, audit: Audit) -> list[str]:
 # -- 3. database restart ----------------------------------------------------------------------
 
 
+_STATEMENT_TIMEOUT = 30.0
+"""The library's default ``statement_timeout`` (every process of the harness keeps it)."""
+
+
 async def _db_restart(run: Run) -> None:
     c = run.cluster
-    outages = int(run.pick(2, 5))
     seconds = run.pick(3.0, 5.0)
+    # reset: every connection reset, new ones refused (a restart); blackhole: nothing answers,
+    # then the connections are reset; blackhole-forever: nothing answers, and the connections
+    # stay silent for good (new ones work): only statement_timeout ends the wait
+    modes = ["reset", "reset", "blackhole"] if run.short else ["reset"] * 3 + ["blackhole"] * 2
+    if not run.short:
+        modes.append("blackhole-forever")
     await c.start_plain("p1")
     await c.start_plain("p2")
     await c.start_app("a1")
     run.processes = "2 plain registry processes (p1, p2) + 1 uvicorn example app (a1)"
     once = int(run.pick(600, 3000))
-    span = (outages + 1) * (seconds + 3.0)
+    span = len(modes) * (seconds + 3.0) + (_STATEMENT_TIMEOUT if not run.short else 0.0)
     await run.schedule_once(once, span)
     run.load = f"{c.recurring} recurring jobs + {once} one-time tasks due over {span:g} s"
     c.start_probing()
     run.begin = time.time()
-    for i in range(outages):
+    for mode in modes:
+        await asyncio.sleep(run.pick(2.0, 3.0))
+        await c.partition(c.live(), seconds, mode=mode)
+        if mode == "blackhole-forever":
+            await asyncio.sleep(_STATEMENT_TIMEOUT)
+    if run.restart_server is not None:
         await asyncio.sleep(3.0)
-        await c.partition(c.live(), seconds)  # every connection reset, new ones refused
-        if run.restart_server is not None and i == outages - 1:
-            await asyncio.sleep(3.0)
-            fault = c.fault("restart", c.live(), f"server stopped {seconds:g}s")
-            await run.restart_server(seconds)
-            fault.ended = time.time()
+        fault = c.fault("restart", c.live(), f"server stopped {seconds:g}s")
+        await run.restart_server(seconds)
+        fault.ended = time.time()
     await asyncio.sleep(3.0)
     await run.settle()
 
 
 def _db_restart_checks(run: Run, audit: Audit) -> list[str]:
     problems = []
-    outages = _recoveries(audit, "outage", "restart")
-    bound = run.knobs.poll + 1.5  # one polling interval, plus reconnecting on a loaded machine
-    problems += _within(
-        [r.resumed_all for r in outages if r.resumed_all is not None], bound, "resumption"
-    )
-    for r in outages:
+    # one polling interval, plus reconnecting on a loaded machine; connections that stay
+    # silent are given up after statement_timeout
+    bound = run.knobs.poll + 1.5
+    for r in _recoveries(audit, "outage", "restart", "blackhole-all"):
+        forever = "forever" in r.fault.note
         if r.resumed_all is None:
             problems.append(f"scheduling did not resume after the {r.fault.kind}")
-        if r.jobs_during and r.jobs_during != ["503"]:
+        else:
+            limit = bound + (_STATEMENT_TIMEOUT if forever else 0.0)
+            problems += _within([r.resumed_all], limit, f"resumption after {r.fault.kind}")
+        allowed = {"503"} if r.fault.kind in ("outage", "restart") else {"503", "ReadTimeout"}
+        if set(r.jobs_during) - allowed:
             problems.append(f"/jobs answered {r.jobs_during} during the {r.fault.kind}")
         if r.jobs_200_after is None:
             problems.append(f"/jobs did not answer 200 after the {r.fault.kind}")
@@ -302,7 +327,7 @@ def _db_restart_checks(run: Run, audit: Audit) -> list[str]:
 
 async def _db_absent(run: Run) -> None:
     c = run.cluster
-    absent = run.pick(6.0, 30.0)
+    absent = run.pick(5.0, 30.0)
     run.begin = time.time()
     fault = c.fault("absent", [], f"{absent:g}s once both processes were up")
     a1 = await c.start_app("a1", wait_ready=False)
@@ -349,7 +374,7 @@ async def _starved_pool(run: Run) -> None:
     )
     c.start_probing()
     run.begin = time.time()
-    await asyncio.sleep(3.0)
+    await asyncio.sleep(2.0)
     demo_before = await _demo_runs(run.engine)
     async with run.engine.connect() as conn:
         lock = c.fault("lock", apps, f"demo_runs locked {hold:g}s; {requests} slow requests/app")
@@ -368,11 +393,11 @@ async def _starved_pool(run: Run) -> None:
         a.status_code if isinstance(a, httpx.Response) else type(a).__name__ for a in answers
     ]
     run.facts["slow_requests"] = statuses
-    await asyncio.sleep(3.0)
+    await asyncio.sleep(2.0)
     run.facts["demo_during_lock"] = await _demo_runs(run.engine) - demo_before
     run.facts["demo_twice"] = await _demo_slots_twice(run.engine)
     await run.settle()
-    during = [p for p in c.probes if lock.began + 0.5 <= p.t <= (lock.ended or 0) - 0.5]
+    during = _answered_during(c.probes, lock)
     latencies = sorted(p.seconds for p in during)
     codes = sorted({str(p.status or p.error) for p in during})
     if latencies:
@@ -418,7 +443,7 @@ def _starved_pool_checks(run: Run, audit: Audit) -> list[str]:
     if run.facts.get("demo_twice"):
         problems.append(f"{run.facts['demo_twice']} demo slots ran twice")
     lock = next(f for f in run.cluster.faults if f.kind == "lock")
-    during = [p for p in run.cluster.probes if lock.began + 0.5 <= p.t <= (lock.ended or 0) - 0.5]
+    during = _answered_during(run.cluster.probes, lock)
     bad = [p for p in during if p.status != 200]
     if not during or bad:
         problems.append(f"/jobs during the starvation: {len(bad)} of {len(during)} not 200")
