@@ -1,0 +1,143 @@
+"""PNG charts for docs/BENCHMARKS.md from run_all.py's results JSON (needs matplotlib: run it
+with the peers' environment, ``bench/.venv-peers/bin/python bench/charts.py RESULTS OUTDIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+OURS = "ekbatan-fastapi"
+COLORS = {
+    OURS: "#1f77b4",
+    "pgqueuer": "#ff7f0e",
+    "procrastinate": "#2ca02c",
+    "apscheduler": "#d62728",
+}
+
+
+def throughput_chart(results: dict[str, Any], out: Path) -> Path | None:
+    rows: list[tuple[str, int, float]] = []
+    for s in results.get("ours_throughput", {}).get("summary", []):
+        if s.get("median"):
+            rows.append((f"{OURS}\n{s['strategy']}", s["processes"], s["median"]))
+    for p in results.get("peers_throughput", []) or []:
+        if isinstance(p, dict) and p.get("ok") and p.get("rate"):
+            rows.append((p["system"], p["processes"], p["rate"]))
+    if not rows:
+        return None
+    systems = list(dict.fromkeys(r[0] for r in rows))
+    ks = sorted({r[1] for r in rows})
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.8 / len(ks)
+    for i, k in enumerate(ks):
+        xs, ys = [], []
+        for j, system in enumerate(systems):
+            for r in rows:
+                if r[0] == system and r[1] == k:
+                    xs.append(j + i * width)
+                    ys.append(r[2])
+        bars = ax.bar(xs, ys, width, label=f"{k} process{'es' if k > 1 else ''}")
+        ax.bar_label(bars, labels=[f"{y:,.0f}" for y in ys], fontsize=7, rotation=90, padding=2)
+    limits = results.get("db_limit", {}).get("summary", [])
+    for s in limits:
+        if s.get("strategy") == "lock-and-fetch" and not s.get("history") and s.get("median"):
+            ax.axhline(s["median"], linestyle="--", linewidth=1, color="grey")
+            ax.text(
+                len(systems) - 0.5,
+                s["median"],
+                f"DB limit, lock-and-fetch, {s['clients']} client(s)",
+                fontsize=7,
+                ha="right",
+                va="bottom",
+            )
+    ax.set_xticks([j + width * (len(ks) - 1) / 2 for j in range(len(systems))])
+    ax.set_xticklabels(systems, fontsize=8)
+    ax.set_ylabel("no-op executions per second")
+    ax.set_yscale("log")
+    ax.set_title("Throughput: 20,000 no-op jobs (same database, same run)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def lag_chart(results: dict[str, Any], out: Path) -> Path | None:
+    runs = [r for r in results.get("slot_lag", []) if r.get("result")]
+    if not runs:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    labels = [r["system"] for r in runs]
+    width = 0.25
+    for i, (key, name) in enumerate((("p50_ms", "p50"), ("p99_ms", "p99"), ("max_ms", "max"))):
+        ys = [max(r["result"][key] or 0.01, 0.01) for r in runs]
+        bars = ax.bar([j + i * width for j in range(len(runs))], ys, width, label=name)
+        ax.bar_label(bars, labels=[f"{y:,.1f}" for y in ys], fontsize=7, padding=2)
+    ax.axhline(20, linestyle="--", linewidth=1, color="grey")
+    ax.text(len(runs) - 0.6, 20, "goal p99 20 ms", fontsize=7, va="bottom")
+    ax.set_xticks([j + width for j in range(len(runs))])
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("lag, ms (start of the function - the slot's time)")
+    ax.set_title("Slot lag: 1-second schedules, 2 processes")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "slot-lag.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def failover_chart(results: dict[str, Any], out: Path) -> Path | None:
+    failover = results.get("failover") or {}
+    trials = [t for t in failover.get("trials", []) if t.get("failover_s") is not None]
+    if not trials:
+        return None
+    summary = failover.get("summary", {})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot([t["index"] + 1 for t in trials], [t["failover_s"] for t in trials], "o-")
+    if summary.get("goal_s"):
+        ax.axhline(summary["goal_s"], linestyle="--", color="red", linewidth=1)
+        ax.text(1, summary["goal_s"], f"goal {summary['goal_s']:.1f} s", fontsize=8, va="bottom")
+    if summary.get("dead_after_s"):
+        ax.axhline(summary["dead_after_s"], linestyle=":", color="grey", linewidth=1)
+        ax.text(1, summary["dead_after_s"], "dead window", fontsize=8, va="bottom")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("seconds from SIGKILL to the restart")
+    ax.set_ylim(0, max(6.0, max(t["failover_s"] for t in trials) + 0.5))
+    ax.set_title("Failover after SIGKILL (heartbeat 1 s x 4)")
+    fig.tight_layout()
+    path = out / "failover.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    results = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    made = [
+        p
+        for p in (
+            throughput_chart(results, out),
+            lag_chart(results, out),
+            failover_chart(results, out),
+        )
+        if p is not None
+    ]
+    print(json.dumps([str(p) for p in made]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,862 @@
+"""Every benchmark in one run, on one database server, written to docs/BENCHMARKS.md.
+
+    python bench/run_all.py                     # the full run (about 20 minutes)
+    python bench/run_all.py --quick             # a smoke run (small sizes), written to a temp dir
+    python bench/run_all.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
+
+One private PostgreSQL cluster (``common.private_postgres``: the machine's PostgreSQL 15 binaries,
+Unix socket, fsync on, pg_stat_statements) serves every figure, ours and the peers', each in a
+fresh database. In order:
+
+1. the database's limit for our SQL (``db_limit.py``: pgbench, same statements, table, N, clients);
+2. our throughput (``throughput.py`` as a subprocess: N no-op one-time tasks, K = 1 2 4, both
+   strategies, median of 3) and our batch enqueue (``client.schedule_many``);
+3. the peers' throughput and enqueue (``peers_run.py``, in ``bench/.venv-peers``), K = 1 2;
+4. slot lag, ours and each peer's (``slot_lag.py``): 10 jobs x 1 s, 2 processes, 60 s;
+5. failover after SIGKILL (``failover.py``): heartbeat 1 s x 4, 20 trials;
+6. idle cost (``idle_cost.py``): 100 recurring jobs, 60 s;
+7. a cProfile of one throughput worker (lock-and-fetch, K=1) and of the slot-lag workers.
+
+It writes ``results.json`` and PNG charts (matplotlib from the peers' environment) next to the
+Markdown, and merges its section into ``docs/BENCHMARKS.md`` between two markers: whatever else
+the file holds (another harness's section) is kept, re-read right before writing.
+Every section is bounded in time; a section that fails is reported as such, the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import io
+import json
+import os
+import pstats
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+try:
+    from bench import common, db_limit, failover, idle_cost, peers_run, slot_lag
+except ImportError:  # run as a script: bench/ is on sys.path
+    import common  # type: ignore[no-redef]
+    import db_limit  # type: ignore[no-redef]
+    import failover  # type: ignore[no-redef]
+    import idle_cost  # type: ignore[no-redef]
+    import peers_run  # type: ignore[no-redef]
+    import slot_lag  # type: ignore[no-redef]
+
+BEGIN = "<!-- bench/run_all.py: begin (generated; edit outside these markers) -->"
+END = "<!-- bench/run_all.py: end -->"
+OURS = "ekbatan-fastapi"
+TARGETS = {
+    "throughput_k2": "ahead of pgqueuer in the same run (>= 15,500 on the reference figures)",
+    "fetch_k2": ">= 4,000/s",
+    "efficiency": ">= 0.5 of the database's limit",
+    "lag": "p99 <= 20 ms, max <= 50 ms, 0 duplicates, 0 skipped",
+    "failover": "<= 5.1 s p99 over 20 trials",
+    "idle": "<= 1 poll statement per polling interval",
+}
+
+
+# -- sizes ------------------------------------------------------------------------------------
+
+
+def sizes(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {
+            "n": 1000,
+            "processes": [1, 2],
+            "repeat": 1,
+            "peer_n": 1000,
+            "lag_jobs": 3,
+            "lag_duration": 6.0,
+            "failover_trials": 2,
+            "idle_jobs": 10,
+            "idle_duration": 3.0,
+            "idle_settle": 1.0,
+        }
+    return {
+        "n": 20_000,
+        "processes": [1, 2, 4],
+        "repeat": 3,
+        "peer_n": 20_000,
+        "lag_jobs": 10,
+        "lag_duration": 60.0,
+        "failover_trials": 20,
+        "idle_jobs": 100,
+        "idle_duration": 60.0,
+        "idle_settle": 11.0,
+    }
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+
+async def _section(
+    results: dict[str, Any],
+    name: str,
+    work: Callable[[], Awaitable[Any]],
+) -> None:
+    """Run one section; record its result, its time and the machine's load before it."""
+    busy = await _busy()
+    began = time.monotonic()
+    print(
+        f"\n=== {name} (machine busy {busy:.0%} before)" if busy is not None else f"\n=== {name}",
+        flush=True,
+    )
+    try:
+        results[name] = await work()
+    except Exception as exc:  # a failed section is reported; the others still run
+        results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        print(f"!!! {name} failed: {exc}", flush=True)
+    results.setdefault("timings", {})[name] = round(time.monotonic() - began, 1)
+    results.setdefault("load_before", {})[name] = busy
+
+
+async def _busy(sample: float = 1.0) -> float | None:
+    def times() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as stat:
+                values = [int(v) for v in stat.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(values), values[3] + values[4]
+
+    before = times()
+    await asyncio.sleep(sample)
+    after = times()
+    if before is None or after is None or after[0] == before[0]:
+        return None
+    return 1.0 - (after[1] - before[1]) / (after[0] - before[0])
+
+
+async def ours_throughput(
+    server: common.ServerInfo, size: dict[str, Any], work: Path, profile: bool
+) -> dict[str, Any]:
+    out = work / "throughput.json"
+    cmd = [sys.executable, str(common.BENCH / "throughput.py"), "--url", server.url]
+    cmd += ["-n", str(size["n"]), "-k", *map(str, size["processes"])]
+    cmd += ["--repeat", str(size["repeat"]), "--json", str(out), "--timeout", "300"]
+    if size["repeat"] > 1:
+        cmd += ["--settle", "10", "--max-foreign", "0.5", "--retries", "1"]
+    await _subprocess(cmd, timeout=1500)
+    data = json.loads(out.read_text())
+    result: dict[str, Any] = {
+        "command": "python bench/throughput.py " + shlex.join(cmd[2:]).replace(server.url, "URL"),
+        "summary": data["summary"],
+        "runs": data["runs"],
+        "environment": data.get("environment", {}),
+    }
+    if profile:
+        prof_dir = work / "profile"
+        cmd = [sys.executable, str(common.BENCH / "throughput.py"), "--url", server.url]
+        cmd += ["-n", str(size["n"]), "-k", "1", "--strategy", "lock-and-fetch", "--repeat", "1"]
+        cmd += ["--cprofile-dir", str(prof_dir)]
+        await _subprocess(cmd, timeout=600)
+        files = sorted(prof_dir.glob("*.pstats"))
+        if files:
+            result["profile"] = profile_summary(files[0])
+    return result
+
+
+async def _subprocess(cmd: Sequence[str], timeout: float) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=common.ROOT
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(timeout):
+            for _ in range(1_000_000):
+                raw = await proc.stdout.readline()
+                if not raw:
+                    break
+                line = raw.decode(errors="replace").rstrip()
+                lines.append(line)
+                print(f"    {line}", flush=True)
+            await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    if proc.returncode not in (0, 1):  # throughput.py exits 1 when a check failed: reported
+        raise RuntimeError(f"{cmd[1]} exited {proc.returncode}:\n" + "\n".join(lines[-30:]))
+    return "\n".join(lines)
+
+
+def profile_summary(path: Path, limit: int = 18) -> dict[str, Any]:
+    """The functions with the most own time (tottime) and the call tree's heavy hitters."""
+    stream = io.StringIO()
+    stats = pstats.Stats(str(path), stream=stream)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    rows = []
+    for (filename, line, name), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        short = re.sub(r".*/(site-packages|lib/python3\.\d+)/", "", filename)
+        short = short.replace(str(common.ROOT) + "/", "")
+        rows.append(
+            {"function": f"{short}:{line}({name})", "calls": nc, "tottime": tt, "cumtime": ct}
+        )
+    by_tottime = sorted(rows, key=lambda r: -r["tottime"])[:limit]
+    wanted = ("ekbatan_fastapi/", "sqlalchemy/", "asyncpg/", "asyncio/")
+    by_cum = sorted(
+        (r for r in rows if any(w in r["function"] for w in wanted)),
+        key=lambda r: -r["cumtime"],
+    )[:limit]
+    return {"total_seconds": total, "by_tottime": by_tottime, "by_cumtime": by_cum}
+
+
+async def ours_enqueue(server: common.ServerInfo, n: int) -> dict[str, Any]:
+    from ekbatan_fastapi import ExecutionContext, OneTimeJob, create_schema, job_registry
+
+    class Noop(OneTimeJob):
+        def name(self) -> str:
+            return "bench-noop"
+
+        async def execute(self, ctx: ExecutionContext) -> None:
+            return None
+
+    async with common.fresh_database(server.url, "ekbatan_enqueue") as db_url:
+        engine = create_async_engine(db_url, poolclass=NullPool)
+        try:
+            await create_schema(engine)
+        finally:
+            await engine.dispose()
+        registry = job_registry().connection_provider(db_url).with_job(Noop()).build()
+        try:
+            began = time.monotonic()
+            created = await registry.client.schedule_many(
+                "bench-noop", ((f"i{i}", None, None) for i in range(n))
+            )
+            seconds = time.monotonic() - began
+        finally:
+            await registry.connection.dispose()
+    return {"n": n, "created": created, "seconds": seconds, "rate": n / seconds}
+
+
+async def peers_throughput(server: common.ServerInfo, size: dict[str, Any]) -> list[Any]:
+    out: list[Any] = []
+    for system in peers_run.SYSTEMS:
+        for k in (1, 2):
+            run = await peers_run.peer_throughput(server, system, n=size["peer_n"], processes=k)
+            print(
+                f"    {system} K={k}: {peers_run.format_throughput([run]).splitlines()[-1]}",
+                flush=True,
+            )
+            out.append(run.as_dict())
+    return out
+
+
+async def lag_all(
+    server: common.ServerInfo, size: dict[str, Any], peers: bool, work: Path, profile: bool
+) -> list[dict[str, Any]]:
+    runs = []
+    prof = work / "lag-profile" if profile else None
+    ours = await slot_lag.run_ours(
+        server, processes=2, jobs=size["lag_jobs"], duration=size["lag_duration"], cprofile_dir=prof
+    )
+    runs.append(ours)
+    print(slot_lag.format_table([ours]), flush=True)
+    if peers:
+        for system in peers_run.SYSTEMS:
+            try:
+                run = await peers_run.peer_lag(
+                    server,
+                    system,
+                    processes=2,
+                    jobs=size["lag_jobs"],
+                    duration=size["lag_duration"],
+                )
+            except Exception as exc:
+                run = slot_lag.LagRun(
+                    system,
+                    2,
+                    size["lag_jobs"],
+                    1.0,
+                    size["lag_duration"],
+                    None,
+                    [f"{type(exc).__name__}: {exc}"],
+                )
+            print(slot_lag.format_table([run]).splitlines()[-1], flush=True)
+            runs.append(run)
+    out = [r.as_dict() for r in runs]
+    if prof is not None:
+        files = sorted(prof.glob("*.pstats"))
+        if files:
+            out[0]["profile"] = profile_summary(files[0])
+    return out
+
+
+# -- the document -----------------------------------------------------------------------------
+
+
+def _rate(value: float | None) -> str:
+    return f"{value:,.0f}" if value else "n/a"
+
+
+def _ours_rate(results: dict[str, Any], strategy: str, k: int) -> float | None:
+    for s in results.get("ours_throughput", {}).get("summary", []) or []:
+        if s["strategy"] == strategy and s["processes"] == k:
+            return s.get("median")
+    return None
+
+
+def _peer(results: dict[str, Any], system: str, k: int) -> dict[str, Any] | None:
+    peers = results.get("peers_throughput")
+    if not isinstance(peers, list):
+        return None
+    for p in peers:
+        if p["system"] == system and p["processes"] == k:
+            return p
+    return None
+
+
+def _limit(results: dict[str, Any], strategy: str, clients: int) -> float | None:
+    for s in results.get("db_limit", {}).get("summary", []) or []:
+        if s["strategy"] == strategy and s["clients"] == clients and not s.get("history"):
+            return s.get("median")
+    return None
+
+
+def _lag(results: dict[str, Any], system: str) -> dict[str, Any] | None:
+    lag = results.get("slot_lag")
+    if not isinstance(lag, list):
+        return None
+    for run in lag:
+        if run["system"] == system:
+            return run
+    return None
+
+
+def _lag_cell(run: dict[str, Any] | None) -> tuple[str, str]:
+    if run is None:
+        return "not run", "not run"
+    r = run.get("result")
+    if not r:
+        return "n/a (" + ("; ".join(run.get("errors", []))[:80] or "no result") + ")", "n/a"
+    return (
+        " / ".join(common.fmt_ms(r[k]) for k in ("p50_ms", "p99_ms", "max_ms")),
+        f"{r['duplicates']} / {r['skipped']} of {r['slots_expected']}",
+    )
+
+
+def verdicts(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(figure, what was measured, met?) for every target."""
+    out: list[tuple[str, str, bool | None]] = []
+    ours2 = _ours_rate(results, "lock-and-fetch", 2)
+    pgq = _peer(results, "pgqueuer", 2)
+    pgq_rate = pgq["rate"] if pgq and pgq.get("ok") else None
+    if ours2 and pgq_rate:
+        out.append(
+            (
+                "no-op executions/s, 2 processes, lock-and-fetch",
+                f"{_rate(ours2)} vs pgqueuer {_rate(pgq_rate)} ({ours2 / pgq_rate:.2f}x)",
+                ours2 > pgq_rate,
+            )
+        )
+    fetch2 = _ours_rate(results, "fetch", 2)
+    if fetch2:
+        out.append(("the same, fetch strategy", f"{_rate(fetch2)} (goal >= 4,000)", fetch2 >= 4000))
+    limit2 = _limit(results, "lock-and-fetch", 2)
+    if ours2 and limit2:
+        eff = ours2 / limit2
+        out.append(
+            (
+                "efficiency vs the database's limit, 2 processes, lock-and-fetch",
+                f"{eff:.2f} ({_rate(ours2)} / {_rate(limit2)})",
+                eff >= 0.5,
+            )
+        )
+    run = _lag(results, OURS)
+    if run and run.get("result"):
+        r = run["result"]
+        ok = (
+            r["p99_ms"] is not None
+            and r["p99_ms"] <= 20
+            and (r["max_ms"] or 0) <= 50
+            and r["duplicates"] == 0
+            and r["skipped"] == 0
+        )
+        lag, dup = _lag_cell(run)
+        out.append(("slot lag p50 / p99 / max ms; duplicates / skipped", f"{lag}; {dup}", ok))
+    fo = results.get("failover")
+    if isinstance(fo, dict) and fo.get("summary", {}).get("p99_s") is not None:
+        s = fo["summary"]
+        out.append(
+            (
+                "failover after SIGKILL, p99",
+                f"{s['p99_s']:.3f} s (max {s['max_s']:.3f} s)",
+                s["p99_s"] <= s["goal_s"],
+            )
+        )
+    idle = results.get("idle")
+    if isinstance(idle, dict) and "polls_per_interval" in idle:
+        out.append(
+            (
+                "idle: poll statements per polling interval",
+                f"{idle['polls_per_interval']:.2f}",
+                idle["polls_per_interval"] <= 1.0,
+            )
+        )
+    return out
+
+
+def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
+    env = results["environment"]
+    pv = results.get("peer_versions") or {}
+    L: list[str] = []
+    w = L.append
+    w("## Side by side: ours, the peers and the database's limit (`bench/run_all.py`)")
+    w("")
+    w(
+        f"Measured {env['date']} on this project's machine: {env['cores']} cores "
+        f"({env['machine']}), shared by the database server, the workers and the harness. "
+        "Every figure below comes from one run of"
+    )
+    w("")
+    w("```bash")
+    w(results["command"])
+    w("```")
+    w("")
+    w(f"- database: {results['server']['kind']} (one fresh database per figure)")
+    w(
+        f"- ekbatan-fastapi {env['ekbatan_fastapi']}, Python {env['python']}, SQLAlchemy "
+        f"{env['sqlalchemy']}, asyncpg {env['asyncpg']}"
+    )
+    if pv:
+        w(
+            f"- peers (bench/.venv-peers, `bench/requirements-peers.txt`): pgqueuer "
+            f"{pv.get('pgqueuer')}, procrastinate {pv.get('procrastinate')} (psycopg "
+            f"{pv.get('psycopg')}), APScheduler {pv.get('apscheduler')} (SQLAlchemy "
+            f"{pv.get('sqlalchemy')}, asyncpg {pv.get('asyncpg')}), uvloop {pv.get('uvloop')}"
+        )
+    else:
+        w(f"- peers: not run ({results.get('peers_skipped', 'no peers environment')})")
+    load = results.get("load_before", {})
+    if load:
+        shown = ", ".join(f"{k} {v:.0%}" for k, v in load.items() if v is not None)
+        w(
+            f"- the machine's CPU busy fraction just before each section (other load skews the "
+            f"absolute figures; the ratios within a section are the headline): {shown}"
+        )
+    timings = ", ".join(f"{k} {v}" for k, v in results.get("timings", {}).items())
+    w(f"- sections took (s): {timings}")
+    w("")
+    w("### Headline: the ratios measured in this run")
+    w("")
+    w("| figure | ekbatan-fastapi | pgqueuer | procrastinate | APScheduler 4 | target |")
+    w("| --- | ---: | ---: | ---: | ---: | --- |")
+    for k in (1, 2):
+        cells = [_rate(_ours_rate(results, "lock-and-fetch", k))]
+        for system in peers_run.SYSTEMS:
+            p = _peer(results, system, k)
+            cells.append(_rate(p["rate"]) if p and p.get("ok") else "n/a")
+        target = TARGETS["throughput_k2"] if k == 2 else ""
+        w(
+            f"| no-op executions/s, {k} process{'es' if k > 1 else ''} (20,000 queued; ours: "
+            f"lock-and-fetch) | {' | '.join(cells)} | {target} |"
+        )
+    w(
+        f"| the same, ours with the fetch (optimistic) strategy, 2 processes | "
+        f"{_rate(_ours_rate(results, 'fetch', 2))} | | | | {TARGETS['fetch_k2']} |"
+    )
+    enq = results.get("ours_enqueue", {})
+    cells = [_rate(enq.get("rate")) if isinstance(enq, dict) else "n/a"]
+    for system in peers_run.SYSTEMS:
+        p = _peer(results, system, 1)
+        cells.append(_rate(p.get("enqueue_rate")) if p else "n/a")
+    w(
+        f"| enqueue 20,000, batch API (/s; APScheduler: no batch API, 50 `add_job` in flight) | "
+        f"{' | '.join(cells)} | |"
+    )
+    lag_cells = [_lag_cell(_lag(results, s)) for s in (OURS, *peers_run.SYSTEMS)]
+    w(
+        f"| 1-second schedule, 2 processes: lag p50 / p99 / max (ms) | "
+        f"{' | '.join(c[0] for c in lag_cells)} | {TARGETS['lag']} |"
+    )
+    w(f"| same run: duplicates / skipped slots | {' | '.join(c[1] for c in lag_cells)} | |")
+    fo = results.get("failover")
+    if isinstance(fo, dict) and "summary" in fo:
+        s = fo["summary"]
+        w(
+            f"| failover after SIGKILL, heartbeat 1 s x 4: p50 / p99 / max (s) | "
+            f"{s['p50_s']:.2f} / {s['p99_s']:.2f} / {s['max_s']:.2f} | | | | "
+            f"{TARGETS['failover']} |"
+        )
+    idle = results.get("idle")
+    if isinstance(idle, dict) and "polls_per_interval" in idle:
+        w(
+            f"| idle, 100 recurring jobs: statements/s (poll statements per interval) | "
+            f"{idle['statements_per_second']:.2f} ({idle['polls_per_interval']:.2f}) | | | | "
+            f"{TARGETS['idle']} |"
+        )
+    w("")
+    checks = verdicts(results)
+    if checks:
+        w("Targets (shared/BENCHMARK-TARGETS.md) against this run:")
+        w("")
+        for figure, measured, ok in checks:
+            mark = "met" if ok else ("**missed**" if ok is False else "?")
+            w(f"- {figure}: {measured}: {mark}")
+        w("")
+    for chart in charts:
+        rel = os.path.relpath(chart, doc_dir)
+        w(f"![{Path(chart).stem}]({rel})")
+        w("")
+    # database limit
+    w("### The database's limit for our SQL (`bench/db_limit.py`)")
+    w("")
+    dl = results.get("db_limit", {})
+    if "summary" in dl:
+        w(
+            "pgbench runs the claim and complete statements of `PostgresRepository` verbatim "
+            f"(the pause-aware variant a scheduler uses) on `scheduled_tasks` with the same "
+            f"{dl.get('n', 20000):,} rows, batch {dl.get('batch', 50)}, one client per worker "
+            "process; executions/s = rows deleted / pgbench's time. Efficiency = our throughput "
+            "(median, same K) / this."
+        )
+        w("")
+        w(
+            db_limit.format_table(
+                [db_limit.LimitSummary(**s) for s in dl["summary"]],
+                {int(k): v for k, v in dl.get("single_row", {}).items()},
+            )
+        )
+        w("")
+        w("| strategy | processes = clients | ours (median) | database limit | efficiency |")
+        w("| --- | ---: | ---: | ---: | ---: |")
+        for strategy in ("lock-and-fetch", "fetch"):
+            for k in (1, 2):
+                ours, limit = _ours_rate(results, strategy, k), _limit(results, strategy, k)
+                eff = f"{ours / limit:.2f}" if ours and limit else "n/a"
+                w(f"| {strategy} | {k} | {_rate(ours)} | {_rate(limit)} | {eff} |")
+        w("")
+        w(
+            "Our throughput runs with the execution history on (the library's default); the "
+            "history insert's cost is in the `+ history insert` rows above."
+        )
+    else:
+        w(f"not measured: {dl.get('error', 'skipped')}")
+    w("")
+    # throughput
+    w("### Throughput (`bench/throughput.py`, `bench/peers_run.py`)")
+    w("")
+    ot = results.get("ours_throughput", {})
+    if "summary" in ot:
+        w(f"Ours: `{ot['command']}`")
+        w("")
+        w(
+            "| strategy | processes | executions/s (median) | min - max | runs ok | duplicates "
+            "| worker CPU us/exec | foreign load |"
+        )
+        w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for s in ot["summary"]:
+            w(
+                f"| {s['strategy']} | {s['processes']} | {_rate(s['median'])} | "
+                f"{_rate(s['low'])} - {_rate(s['high'])} | {s['ok_runs']}/{s['runs']} | "
+                f"{s['duplicates']} | {_rate(s.get('cpu_us'))} | "
+                f"{s['foreign']:.2f} cores |"
+                if s.get("foreign") is not None
+                else f"| {s['strategy']} | {s['processes']} | {_rate(s['median'])} | "
+                f"{_rate(s['low'])} - {_rate(s['high'])} | {s['ok_runs']}/{s['runs']} | "
+                f"{s['duplicates']} | {_rate(s.get('cpu_us'))} | n/a |"
+            )
+    else:
+        w(f"ours: not measured: {ot.get('error', 'skipped')}")
+    w("")
+    peers = results.get("peers_throughput")
+    if isinstance(peers, list) and peers:
+        w(
+            "Peers (one run each; settings as in shared/BENCHMARK-TARGETS.md; timed from the "
+            "workers' run call until nothing is left; every job checked executed once):"
+        )
+        w("")
+        w(
+            peers_run.format_throughput(
+                [
+                    peers_run.PeerThroughput(
+                        **{
+                            k: v
+                            for k, v in p.items()
+                            if k in peers_run.PeerThroughput.__dataclass_fields__
+                        }
+                    )
+                    for p in peers
+                ]
+            )
+        )
+    else:
+        w(f"peers: not measured: {results.get('peers_skipped') or peers}")
+    w("")
+    # lag
+    w("### Slot lag (`bench/slot_lag.py`)")
+    w("")
+    lag = results.get("slot_lag")
+    if isinstance(lag, list):
+        w(
+            "Lag = start of the function - the slot's intended time, over the slots whose time "
+            "lies in the measured window (after a 3 s warm-up); every process on this machine, "
+            "one clock. Skipped = slots of the 1-second grid no process ran."
+        )
+        w("")
+        w(slot_lag.format_table([_lag_run(r) for r in lag]))
+    else:
+        w(f"not measured: {lag}")
+    w("")
+    # failover
+    w("### Failover after SIGKILL (`bench/failover.py`)")
+    w("")
+    if isinstance(fo, dict) and "summary" in fo:
+        run = failover.FailoverRun(
+            [failover.Trial(**t) for t in fo["trials"]],
+            fo["heartbeat"],
+            fo["limit"],
+            fo["summary"]["goal_s"],
+        )
+        w(failover.format_table(run))
+        w("")
+        w(
+            "Each trial: a one-time job is scheduled; the instance that starts it is SIGKILLed "
+            "a few ms after its claim (the freshest heartbeat the row gets); the figure is the "
+            "survivor's start of the same instance minus the kill. The dead window is 4 s; the "
+            "survivor's housekeeper looks for dead executions once per heartbeat interval, so "
+            "the figure lies between 4 s and 5 s plus a poll."
+        )
+    else:
+        w(f"not measured: {fo}")
+    w("")
+    # idle
+    w("### Idle cost (`bench/idle_cost.py`)")
+    w("")
+    if isinstance(idle, dict) and "polls_per_interval" in idle:
+        run_idle = idle_cost.IdleRun(**{k: idle[k] for k in idle_cost.IdleRun.__dataclass_fields__})
+        w(idle_cost.format_table(run_idle))
+        w("")
+        w(
+            "The window starts after the first housekeeping round (its hourly cleanup runs at "
+            "the first round, then once an hour). Per heartbeat interval (PT10S) an idle "
+            "instance sends one dead-execution check and refreshes its row in "
+            "`ekbatan_scheduler_instances`; per polling interval, one poll."
+        )
+    else:
+        w(f"not measured: {idle}")
+    w("")
+    # profiles
+    prof = (results.get("ours_throughput") or {}).get("profile")
+    if prof:
+        w("### Where the time goes: cProfile of one throughput worker (lock-and-fetch, K=1)")
+        w("")
+        w(f"Total profiled time {prof['total_seconds']:.2f} s. Own time (tottime), top entries:")
+        w("")
+        w("| function | calls | tottime s | cumtime s |")
+        w("| --- | ---: | ---: | ---: |")
+        for r in prof["by_tottime"]:
+            w(f"| `{r['function']}` | {r['calls']} | {r['tottime']:.3f} | {r['cumtime']:.3f} |")
+        w("")
+        w("Cumulative time in the scheduler, SQLAlchemy, asyncpg and asyncio:")
+        w("")
+        w("| function | calls | tottime s | cumtime s |")
+        w("| --- | ---: | ---: | ---: |")
+        for r in prof["by_cumtime"]:
+            w(f"| `{r['function']}` | {r['calls']} | {r['tottime']:.3f} | {r['cumtime']:.3f} |")
+        w("")
+    return "\n".join(L)
+
+
+def _lag_run(r: dict[str, Any]) -> slot_lag.LagRun:
+    result = r.get("result")
+    lr = None
+    if result:
+        lr = _LagResultView(**result)
+    return slot_lag.LagRun(
+        r["system"],
+        r["processes"],
+        r["jobs"],
+        r["period"],
+        r["duration"],
+        lr,
+        r["errors"],
+        r.get("settings", ""),
+    )  # type: ignore[arg-type]
+
+
+class _LagResultView:
+    """Attribute access to a stored LagResult dict (for format_table)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def merge_markdown(path: Path, section: str) -> str:
+    """The file's text with ``section`` between the markers: replaced where they are,
+    appended otherwise; everything else in the file is kept as it is on disk right now."""
+    block = f"{BEGIN}\n{section.rstrip()}\n{END}"
+    try:
+        current = path.read_text()
+    except FileNotFoundError:
+        current = "# Benchmarks\n"
+    if BEGIN in current and END in current:
+        head, rest = current.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        return head + block + tail
+    return current.rstrip() + "\n\n" + block + "\n"
+
+
+def make_charts(results_path: Path, out_dir: Path) -> list[str]:
+    python = peers_run.PEERS_PY
+    if not python.exists():
+        return []
+    try:
+        done = subprocess.run(
+            [str(python), str(common.BENCH / "charts.py"), str(results_path), str(out_dir)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return []
+    if done.returncode != 0:
+        print(f"charts failed:\n{done.stderr[-2000:]}", flush=True)
+        return []
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    size = sizes(args.quick)
+    results: dict[str, Any] = {
+        "command": "python bench/run_all.py " + " ".join(args.argv),
+        "quick": args.quick,
+        "sizes": size,
+        "environment": common.describe_environment(),
+    }
+    peers_reason = peers_run.available() if not args.no_peers else "--no-peers"
+    if peers_reason:
+        results["peers_skipped"] = peers_reason
+    else:
+        results["peer_versions"] = await peers_run.versions()
+    with tempfile.TemporaryDirectory(prefix="ekbatan-runall-") as tmp:
+        work = Path(tmp)
+        with common.private_postgres(args.url) as server:
+            engine = create_async_engine(server.url, poolclass=NullPool)
+            try:
+                version = await common.server_version(engine)
+            finally:
+                await engine.dispose()
+            results["server"] = {"kind": server.kind, "version": version}
+            profile = not args.quick
+
+            async def limit() -> dict[str, Any]:
+                runs = await db_limit.measure(
+                    server, n=size["n"], clients=(1, 2), repeat=size["repeat"]
+                )
+                runs += await db_limit.measure(
+                    server,
+                    n=size["n"],
+                    clients=(1, 2),
+                    repeat=1,
+                    history=True,
+                    strategies=("lock-and-fetch",),
+                )
+                single = await db_limit.measure_single_row(
+                    server, n=size["n"], clients=(1, 2, 4), duration=1 if args.quick else 3
+                )
+                return {
+                    "n": size["n"],
+                    "batch": db_limit.DEFAULT_BATCH,
+                    "summary": [s.__dict__ for s in db_limit.summarize(runs)],
+                    "runs": [r.__dict__ | {"rows_per_second": r.rows_per_second} for r in runs],
+                    "single_row": {str(k): v for k, v in single.items()},
+                }
+
+            await _section(results, "db_limit", limit)
+            await _section(
+                results, "ours_throughput", lambda: ours_throughput(server, size, work, profile)
+            )
+            await _section(results, "ours_enqueue", lambda: ours_enqueue(server, size["n"]))
+            if not peers_reason:
+                await _section(results, "peers_throughput", lambda: peers_throughput(server, size))
+            await _section(
+                results, "slot_lag", lambda: lag_all(server, size, not peers_reason, work, profile)
+            )
+
+            async def fail() -> dict[str, Any]:
+                run = await failover.run_failover(server, trials=size["failover_trials"])
+                print(failover.format_table(run), flush=True)
+                return run.as_dict() | {"heartbeat": run.heartbeat, "limit": run.limit}
+
+            await _section(results, "failover", fail)
+
+            async def idle() -> dict[str, Any]:
+                run = await idle_cost.run_idle(
+                    server,
+                    jobs=size["idle_jobs"],
+                    duration=size["idle_duration"],
+                    settle=size["idle_settle"],
+                )
+                print(idle_cost.format_table(run), flush=True)
+                return run.as_dict()
+
+            await _section(results, "idle", idle)
+    return results
+
+
+def write_outputs(results: dict[str, Any], md_path: Path, assets: Path) -> None:
+    assets.mkdir(parents=True, exist_ok=True)
+    results_path = assets / "results.json"
+    results_path.write_text(json.dumps(common.jsonable(results), indent=1, default=str))
+    charts = make_charts(results_path, assets)
+    section = render(results, charts, md_path.parent)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    merged = merge_markdown(md_path, section)  # re-read right before writing
+    md_path.write_text(merged)
+    print(f"\nwrote {md_path}, {results_path} and {len(charts)} charts", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--url", help="a PostgreSQL server on this machine (default: a private one)")
+    p.add_argument("--quick", action="store_true", help="small sizes; written to a temp dir")
+    p.add_argument("--no-peers", action="store_true", help="skip the peers")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="the Markdown file (docs/BENCHMARKS.md; --quick: a temporary directory)",
+    )
+    args = p.parse_args(argv)
+    args.argv = argv
+    if args.out is None:
+        if args.quick:
+            args.out = Path(tempfile.mkdtemp(prefix="ekbatan-runall-quick-")) / "BENCHMARKS.md"
+        else:
+            args.out = common.ROOT / "docs" / "BENCHMARKS.md"
+    began = time.monotonic()
+    with contextlib.suppress(KeyboardInterrupt):
+        results = asyncio.run(run(args))
+        results["total_seconds"] = round(time.monotonic() - began, 1)
+        write_outputs(results, args.out, args.out.parent / "benchmarks")
+        failed = [k for k, v in results.items() if isinstance(v, dict) and "error" in v]
+        print(f"total {results['total_seconds']} s; failed sections: {failed or 'none'}")
+        return 1 if failed else 0
+    return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+_ = dt  # (dates come from common.describe_environment)

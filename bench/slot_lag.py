@@ -1,0 +1,353 @@
+"""Slot lag of recurring jobs: how late each slot's ``execute()`` starts, with the default
+polling interval (PT10S), across several processes.
+
+    python bench/slot_lag.py          # private PostgreSQL; 10 jobs x 1 s, 2 processes, 60 s
+    python bench/slot_lag.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
+    python bench/slot_lag.py --quick            # 3 jobs, 8 s
+
+Each worker process (this script with ``--worker``) registers J recurring jobs with a
+``FIXED_RATE`` schedule of P seconds and otherwise the library's defaults (polling interval
+PT10S, heartbeat PT10S, lock-and-fetch, LISTEN/NOTIFY). A job records, as the first thing its
+``execute`` does, ``time.time()`` and ``ctx.execution_time`` (the slot). Every process runs on
+this machine, so the database's clock and ours are the same clock.
+
+After every worker has reached the database (``wait_until_ready``), the harness lets them run
+a warm-up, then measures a window of D seconds, and stops them a few seconds after the window
+(so the window's last slots have run). Over the slots whose intended time lies in the window:
+
+* lag = start of ``execute()`` - the slot's time: p50 / p99 / max;
+* duplicates: executions of a (job, slot) beyond the first;
+* skipped slots: slots of the fixed-rate grid that no process ran.
+
+The parent logic (``run_lag_workers``) is shared with the peers' runs (``peers_run.py``).
+Every wait is bounded; the server must be on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+try:
+    from bench import common, lagstats
+except ImportError:  # run as a script: bench/ is on sys.path
+    import common  # type: ignore[no-redef]
+    import lagstats  # type: ignore[no-redef]
+
+THIS_FILE = Path(__file__).resolve()
+DEFAULT_JOBS = 10
+DEFAULT_DURATION = 60.0
+DEFAULT_PROCESSES = 2
+DEFAULT_PERIOD = 1.0
+WARMUP = 3.0
+TAIL = 5.0
+"""Seconds the workers keep running after the window, so that its last slots run (a peer
+whose lag is seconds would otherwise show them as skipped)."""
+
+
+@dataclasses.dataclass
+class LagRun:
+    """What one slot-lag run measured."""
+
+    system: str
+    processes: int
+    jobs: int
+    period: float
+    duration: float
+    result: lagstats.LagResult | None
+    errors: list[str]
+    settings: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "processes": self.processes,
+            "jobs": self.jobs,
+            "period": self.period,
+            "duration": self.duration,
+            "settings": self.settings,
+            "errors": self.errors,
+            "result": self.result.as_dict() if self.result else None,
+        }
+
+
+async def run_lag_workers(
+    worker_args: Callable[[int, Path], list[str]],
+    *,
+    processes: int,
+    duration: float,
+    warmup: float = WARMUP,
+    tail: float = TAIL,
+    startup_timeout: float = 120.0,
+) -> tuple[list[dict[str, Any]], tuple[float, float], list[str], list[int]]:
+    """Spawn ``processes`` workers, measure a window, stop them; (records, window, errors,
+    pids). A worker prints ``ready`` once it can run slots, stops on a ``stop`` line, writes
+    its records (a JSON list) to the file it was given and prints ``done``."""
+    errors: list[str] = []
+    records: list[dict[str, Any]] = []
+    children: list[common.Child] = []
+    with tempfile.TemporaryDirectory(prefix="ekbatan-lag-") as work:
+        results = [Path(work) / f"worker-{i}.json" for i in range(processes)]
+        try:
+            for index in range(processes):
+                children.append(
+                    await common.Child.spawn(
+                        worker_args(index, results[index]),
+                        Path(work) / f"worker-{index}.log",
+                        f"worker {index}",
+                    )
+                )
+            await asyncio.gather(*(c.expect("ready", startup_timeout) for c in children))
+            ready = time.time()
+            window = (ready + warmup, ready + warmup + duration)
+            await asyncio.sleep(warmup + duration + tail)
+            for child in children:
+                if child.proc.returncode is not None:
+                    errors.append(f"{child.name} exited during the run:\n{common.tail(child.log)}")
+            await asyncio.gather(*(c.send("stop") for c in children))
+            done = await asyncio.gather(
+                *(c.expect("done", 90.0) for c in children), return_exceptions=True
+            )
+            for child, outcome in zip(children, done, strict=True):
+                if isinstance(outcome, BaseException):
+                    errors.append(f"{child.name}: {outcome}")
+            for child, path in zip(children, results, strict=True):
+                try:
+                    loaded = json.loads(path.read_text())
+                    # ours: a list of records; the peers' workers: {"records": [...], ...}
+                    records += loaded["records"] if isinstance(loaded, dict) else loaded
+                except (OSError, ValueError) as exc:
+                    errors.append(
+                        f"{child.name}: no records ({exc}); log:\n{common.tail(child.log)}"
+                    )
+            pids = [c.pid for c in children]
+        finally:
+            await asyncio.gather(*(c.close(30.0) for c in children), return_exceptions=True)
+    return records, window, errors, pids
+
+
+async def run_ours(
+    server: common.ServerInfo,
+    *,
+    processes: int = DEFAULT_PROCESSES,
+    jobs: int = DEFAULT_JOBS,
+    duration: float = DEFAULT_DURATION,
+    period: float = DEFAULT_PERIOD,
+    warmup: float = WARMUP,
+    polling_interval: float | None = None,
+    cprofile_dir: Path | None = None,
+) -> LagRun:
+    from ekbatan_fastapi import create_schema
+
+    async with common.fresh_database(server.url, "ekbatan_lag") as db_url:
+        engine = create_async_engine(db_url, poolclass=NullPool)
+        try:
+            await create_schema(engine)
+        finally:
+            await engine.dispose()
+        deadline = time.monotonic() + warmup + duration + 300
+
+        def args(index: int, result: Path) -> list[str]:
+            cmd = [sys.executable, str(THIS_FILE), "--worker", "--url", db_url]
+            cmd += ["--jobs", str(jobs), "--period", repr(period), "--result", str(result)]
+            cmd += ["--deadline", repr(deadline), "--index", str(index)]
+            if polling_interval is not None:
+                cmd += ["--polling-interval", repr(polling_interval)]
+            if cprofile_dir is not None:
+                cprofile_dir.mkdir(parents=True, exist_ok=True)
+                cmd += ["--cprofile", str(cprofile_dir / f"slot-lag-worker-{index}.pstats")]
+            return cmd
+
+        records, window, errors, _ = await run_lag_workers(
+            args, processes=processes, duration=duration, warmup=warmup
+        )
+    keys = [f"lag-{j}" for j in range(jobs)]
+    result = lagstats.analyze(records, period, window, keys) if records else None
+    interval = f"PT{polling_interval:g}S" if polling_interval else "PT10S (default)"
+    return LagRun(
+        system="ekbatan-fastapi",
+        processes=processes,
+        jobs=jobs,
+        period=period,
+        duration=duration,
+        result=result,
+        errors=errors,
+        settings=f"FIXED_RATE|PT{period:g}S, polling interval {interval}, lock-and-fetch, "
+        "LISTEN/NOTIFY on",
+    )
+
+
+def format_table(runs: Sequence[LagRun]) -> str:
+    lines = [
+        "| system | processes | jobs x period | slots (window) | lag p50 ms | p99 ms | max ms "
+        "| duplicates | skipped | settings |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for run in runs:
+        r = run.result
+        if r is None:
+            lines.append(
+                f"| {run.system} | {run.processes} | {run.jobs} x {run.period:g} s | n/a | n/a "
+                f"| n/a | n/a | n/a | n/a | {'; '.join(run.errors)[:200] or run.settings} |"
+            )
+            continue
+        lines.append(
+            f"| {run.system} | {run.processes} | {run.jobs} x {run.period:g} s | "
+            f"{r.slots_expected} | {common.fmt_ms(r.p50_ms)} | {common.fmt_ms(r.p99_ms)} | "
+            f"{common.fmt_ms(r.max_ms)} | {r.duplicates} | {r.skipped} | {run.settings} |"
+        )
+    return "\n".join(lines)
+
+
+# -- the worker -----------------------------------------------------------------------------
+
+
+async def _worker(args: argparse.Namespace) -> int:
+    from ekbatan_fastapi import (
+        DistributedJob,
+        ExecutionContext,
+        Schedule,
+        SchedulerBuilder,
+        Schedules,
+        job_registry,
+    )
+
+    records: list[dict[str, Any]] = []
+
+    class LagJob(DistributedJob):
+        def __init__(self, name: str) -> None:
+            self._name = name
+
+        def name(self) -> str:
+            return self._name
+
+        def schedule(self) -> Schedule:
+            return Schedules.fixed_rate(dt.timedelta(seconds=args.period))
+
+        async def execute(self, ctx: ExecutionContext) -> None:
+            started = time.time()
+            records.append(
+                {
+                    "key": self._name,
+                    "slot": ctx.execution_time.timestamp(),
+                    "start": started,
+                    "pid": os.getpid(),
+                    "version": ctx.version,
+                }
+            )
+
+    def customize(b: SchedulerBuilder) -> None:
+        b.scheduler_name(f"lag-{args.index}-{os.getpid()}")
+        if args.polling_interval is not None:
+            b.polling_interval(dt.timedelta(seconds=args.polling_interval))
+
+    registry = (
+        job_registry()
+        .connection_provider(args.url)
+        .with_jobs([LagJob(f"lag-{j}") for j in range(args.jobs)])
+        .shutdown_max_wait(dt.timedelta(seconds=5))
+        .customize_scheduler(customize)
+        .build()
+    )
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[str] = asyncio.Queue()
+    threading.Thread(target=common.read_stdin_lines, args=(loop, commands), daemon=True).start()
+    remaining = max(1.0, args.deadline - time.monotonic())
+    profiler = None
+    if args.cprofile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    await registry.start()
+    try:
+        if not await registry.wait_until_ready(min(60.0, remaining)):
+            print("failed: not ready", flush=True)
+            return 1
+        print("ready", flush=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(1.0, args.deadline - time.monotonic())):
+                while await commands.get() not in ("stop", "eof"):
+                    pass
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.cprofile)
+        await registry.stop()
+    await asyncio.to_thread(Path(args.result).write_text, json.dumps(records))
+    print("done", flush=True)
+    return 0
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--url", help="a PostgreSQL server on this machine (default: a private one)")
+    p.add_argument("-k", "--processes", type=int, default=DEFAULT_PROCESSES)
+    p.add_argument("--jobs", type=int, default=None, help=f"recurring jobs ({DEFAULT_JOBS})")
+    p.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="schedule, seconds")
+    p.add_argument("--duration", type=float, default=None, help="window, seconds (60)")
+    p.add_argument("--polling-interval", type=float, default=None, help="default: PT10S")
+    p.add_argument("--quick", action="store_true", help="3 jobs, 8 s")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--cprofile-dir", type=Path, help="cProfile each worker")
+    # worker mode (internal)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--cprofile", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.worker:
+        args.jobs = args.jobs or DEFAULT_JOBS
+        return asyncio.run(_worker(args))
+    jobs = args.jobs or (3 if args.quick else DEFAULT_JOBS)
+    duration = args.duration or (8.0 if args.quick else DEFAULT_DURATION)
+    with common.private_postgres(args.url) as server:
+        run = asyncio.run(
+            run_ours(
+                server,
+                processes=args.processes,
+                jobs=jobs,
+                duration=duration,
+                period=args.period,
+                polling_interval=args.polling_interval,
+                cprofile_dir=args.cprofile_dir,
+            )
+        )
+        kind = server.kind
+    print(f"server: {kind}")
+    print(format_table([run]))
+    for error in run.errors:
+        print(f"! {error}")
+    if run.result is not None:
+        r = run.result
+        print(f"executions {r.executions}, per process {r.per_process}, min {r.min_ms:.1f} ms")
+    if args.json:
+        args.json.write_text(json.dumps(run.as_dict(), indent=2))
+    return 0 if run.result is not None and not run.errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
