@@ -200,7 +200,10 @@ class Scheduler(Housekeeping):
         await self._drain("completer", timeout=max(wait, 1.0))
         self.recorder.close()
         await self._drain("history writer", timeout=max(wait, 1.0))
-        await self.recorder.leave()
+        # Cosmetic (a stopped instance's row would age out anyway): never worth a long wait on
+        # a connection that died silently.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.recorder.leave(), timeout=max(wait, 1.0))
         await self._cancel("housekeeper", "loop-lag monitor")
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)

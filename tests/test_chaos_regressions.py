@@ -193,3 +193,35 @@ async def test_a_stale_result_does_not_unregister_the_rerun_of_its_row(
     assert len(job.slots) == 2, "the rerun lost its heartbeats and was revived"
     assert [e.version for e in registry.status().running] == [4]
     job.release.set()
+
+
+def test_a_graceful_stop_after_a_silent_partition_is_prompt(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """``chaos.py db-restart`` (long) with the default statement_timeout of 30 s: after the
+    connections fell silent, SIGTERM took over 30 s (the harness killed the process), because
+    the listener unsubscribed on its silent connection and waited for the answer. The LISTEN
+    connection is now discarded without a word, and removing the instance's row is bounded."""
+    job = RecordingJob("tick", Schedules.fixed_rate(timedelta(milliseconds=100)))
+    took: list[float] = []
+
+    async def scenario(registries: list[JobRegistry]) -> None:
+        proxy = Proxy(database_url)
+        await proxy.start()
+        factory = RegistryFactory(proxy.url)
+        registry = await factory.start(job)  # statement_timeout: the default 30 s
+        registries.append(registry)
+        await asyncio.wait_for(job.started.wait(), 10)
+        await asyncio.sleep(0.5)  # the listener holds its connection
+        await proxy.blackhole()
+        await asyncio.sleep(1.0)
+        await proxy.heal(reset=False)
+        began = asyncio.get_running_loop().time()
+        await registry.scheduler.stop()
+        took.append(asyncio.get_running_loop().time() - began)
+        await registry.connection.dispose()
+        await proxy.close()
+
+    errors = _run_in_thread(scenario, timeout=60)
+    assert errors == []
+    assert took and took[0] < 10, f"the stop took {took}s"

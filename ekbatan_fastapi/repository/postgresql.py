@@ -7,7 +7,6 @@ same for every batch size and asyncpg prepares it once per connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -251,7 +250,6 @@ class PostgresRepository(TaskRepository):
             on_due(when)
 
         async with self.engine.connect() as conn:
-            clean = False
             try:
                 raw = await conn.get_raw_connection()
                 driver: Any = raw.driver_connection
@@ -259,20 +257,12 @@ class PostgresRepository(TaskRepository):
                 driver.add_termination_listener(lambda _c: lost.set())
                 async with asyncio.timeout(self.statement_timeout):
                     await driver.add_listener(self.channel, received)
-                try:
-                    on_due(None)  # catch up on whatever was scheduled while nobody listened
-                    await lost.wait()
-                finally:
-                    if not driver.is_closed():
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(self.statement_timeout):
-                                await driver.remove_listener(self.channel, received)
-                                clean = True
+                on_due(None)  # catch up on whatever was scheduled while nobody listened
+                await lost.wait()
             finally:
-                if not clean:
-                    # A connection that died silently would never answer; one still waiting
-                    # for an answer (or for a cancel request) must not go back to the pool.
-                    await conn.invalidate()
+                # Never back to the pool (it still listens), and no UNLISTEN: a connection that
+                # died silently would never answer it. Closing the session ends the LISTEN.
+                await conn.invalidate()
         raise ConnectionError(f"the LISTEN connection on channel {self.channel} was lost")
 
     async def poll(
