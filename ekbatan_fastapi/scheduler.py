@@ -345,7 +345,9 @@ class Scheduler(Housekeeping):
             self._last_poll = result.db_now
             for row in result.claimed:
                 self._launch(row)
-            if len(result.claimed) >= self.batch_size:
+            # More may be due: a full batch claimed, or (fetch) a full batch seen of which peers
+            # won some; sleeping now would leave a full table to the winners for a whole interval.
+            if len(result.claimed) >= self.batch_size or result.more_due:
                 continue  # more may be due
             self._planned_due = result.next_due
             await self._sleep(interval)

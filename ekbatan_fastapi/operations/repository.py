@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import MetaData, delete, insert, inspect, select
+from sqlalchemy import MetaData, TextClause, delete, insert, inspect, select, text
 from sqlalchemy.dialects import mysql, postgresql
 
 from .models import ExecutionRecord, InstanceInfo, PauseInfo
@@ -17,6 +17,23 @@ if TYPE_CHECKING:
 
 __all__ = ["OperationsRepository"]
 
+_HISTORY_COLUMNS = (
+    "task_name",
+    "task_instance",
+    "execution_time",
+    "picked_by",
+    "started_at",
+    "finished_at",
+    "outcome",
+    "error_class",
+    "error_message",
+)
+_PG_ARRAY_TYPES = {
+    "execution_time": "timestamptz[]",
+    "started_at": "timestamptz[]",
+    "finished_at": "timestamptz[]",
+}
+
 
 class OperationsRepository:
     """Reads and writes our own tables through the task repository's engine and clock."""
@@ -25,6 +42,17 @@ class OperationsRepository:
         self.tasks = tasks
         self.tables = OperationsTables(MetaData(), tasks.table.schema)
         self._postgres = tasks.dialect_name == "postgresql"
+        self._unnest_history: TextClause | None = None
+        if self._postgres:
+            h = self.tables.history
+            name = f'"{h.schema}"."{h.name}"' if h.schema else f'"{h.name}"'
+            columns = ", ".join(_HISTORY_COLUMNS)
+            arrays = ", ".join(
+                f"CAST(:{c} AS {_PG_ARRAY_TYPES.get(c, 'text[]')})" for c in _HISTORY_COLUMNS
+            )
+            self._unnest_history = text(
+                f"INSERT INTO {name} ({columns}) SELECT * FROM unnest({arrays})"
+            )
 
     async def exists(self) -> bool:
         """True when all three tables exist (they come with migration V0002)."""
@@ -48,9 +76,16 @@ class OperationsRepository:
     # -- history ------------------------------------------------------------------------
 
     async def insert_history(self, records: Sequence[dict[str, Any]]) -> None:
-        """Insert many records in one statement (one round trip per batch)."""
-        if records:
+        """Insert many records in one statement (one round trip per batch). On PostgreSQL the
+        rows travel as one array per column (``unnest``): about half the cost per record of
+        an executemany, on both sides of the socket."""
+        if not records:
+            return
+        if self._unnest_history is None:
             await self.tasks._rowcount(insert(self.tables.history), list(records))
+            return
+        params = {column: [r[column] for r in records] for column in _HISTORY_COLUMNS}
+        await self.tasks._rowcount(self._unnest_history, params)
 
     async def history(
         self, task_name: str | None, *, limit: int = 50, before_id: int | None = None

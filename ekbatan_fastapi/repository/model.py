@@ -88,3 +88,5 @@ class PollResult:
     claimed: list[TaskRow]
     db_now: datetime
     next_due: datetime | None
+    more_due: bool = False
+    """The poll saw a full batch of due rows (claimed or lost to a peer): poll again now."""

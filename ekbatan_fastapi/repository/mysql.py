@@ -287,7 +287,7 @@ class MySQLRepository(TaskRepository):
             return await self._claim_locked(conn, ours, picked_by)
 
         claimed = await self._transaction(claim)
-        return PollResult(claimed, db_now, next_due)
+        return PollResult(claimed, db_now, next_due, more_due=len(seen) >= limit)
 
     async def _lock_and_fetch(self, names: list[str], limit: int, picked_by: str) -> PollResult:
         _, lock_due, clock_sql = self._poll_sql[self.pauses_enabled]

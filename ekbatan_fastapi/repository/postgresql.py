@@ -290,7 +290,8 @@ class PostgresRepository(TaskRepository):
                 "picked_by": picked_by,
             },
         )
-        return PollResult([self.to_row(r) for r in claimed_rows], db_now, next_due)
+        claimed = [self.to_row(r) for r in claimed_rows]
+        return PollResult(claimed, db_now, next_due, more_due=len(candidates) >= limit)
 
     @staticmethod
     def _owned_params(owned: Sequence[Owned]) -> dict[str, list[Any]]:
