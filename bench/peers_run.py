@@ -109,6 +109,9 @@ class PeerThroughput:
     left: int | None
     per_worker: list[int]
     errors: list[str]
+    busy_during: float | None = None
+    """The machine's CPU busy fraction during the timed part (all processes, ours included)."""
+    repeat: int = 1
 
     @property
     def rate(self) -> float | None:
@@ -153,6 +156,7 @@ async def peer_throughput(
     timeout: float = 300.0,
 ) -> PeerThroughput:
     errors: list[str] = []
+    busy_during: float | None = None
     seconds = enqueue_seconds = None
     left: int | None = None
     counts: collections.Counter[int] = collections.Counter()
@@ -193,6 +197,7 @@ async def peer_throughput(
                 await asyncio.gather(*(c.expect("ready", 120.0) for c in children))
                 await asyncio.gather(*(c.send("go") for c in children))
                 go = time.monotonic()
+                cpu_at_go = _cpu_times()
                 seen_empty: float | None = None
                 while time.monotonic() - go < timeout:
                     await asyncio.sleep(0.05)
@@ -202,6 +207,7 @@ async def peer_throughput(
                     if any(c.proc.returncode is not None for c in children):
                         errors.append("a worker exited during the run")
                         break
+                busy_during = _busy_since(cpu_at_go)
                 if seen_empty is None:
                     errors.append(f"not drained within {timeout:.0f} s")
                 await asyncio.sleep(0.2)  # let drain-mode workers return by themselves
@@ -244,7 +250,24 @@ async def peer_throughput(
         left=left,
         per_worker=per_worker,
         errors=errors,
+        busy_during=busy_during,
     )
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    try:
+        with open("/proc/stat") as stat:
+            values = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(values), values[3] + values[4]
+
+
+def _busy_since(before: tuple[int, int] | None) -> float | None:
+    after = _cpu_times()
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return 1.0 - (after[1] - before[1]) / (after[0] - before[0])
 
 
 def _pgqueuer_slots(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -306,16 +329,18 @@ async def peer_lag(
 
 def format_throughput(runs: Sequence[PeerThroughput]) -> str:
     lines = [
-        "| system | processes | executions/s | enqueue/s | executed / N | left | split |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| system | processes | run | executions/s | enqueue/s | executed / N | left | split "
+        "| machine busy |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for r in runs:
         rate = f"{r.rate:,.0f}" if r.rate and r.ok else "n/a"
         enq = f"{r.enqueue_rate:,.0f}" if r.enqueue_rate else "n/a"
         note = "" if r.ok else f" ({'; '.join(r.errors)[:120] or 'checks failed'})"
+        busy = f"{r.busy_during:.0%}" if r.busy_during is not None else "n/a"
         lines.append(
-            f"| {r.system} | {r.processes} | {rate}{note} | {enq} | {r.distinct} / {r.n} | "
-            f"{r.left} | {'/'.join(map(str, r.per_worker))} |"
+            f"| {r.system} | {r.processes} | {r.repeat} | {rate}{note} | {enq} | "
+            f"{r.distinct} / {r.n} | {r.left} | {'/'.join(map(str, r.per_worker))} | {busy} |"
         )
     return "\n".join(lines)
 

@@ -72,9 +72,12 @@ class LagRun:
     result: lagstats.LagResult | None
     errors: list[str]
     settings: str = ""
+    breakdown: dict[str, dict[str, float | None]] | None = None
+    """Ours only: p50/p99/max ms of each part of the lag (see ``lag_breakdown``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "breakdown": self.breakdown,
             "system": self.system,
             "processes": self.processes,
             "jobs": self.jobs,
@@ -178,6 +181,7 @@ async def run_ours(
         )
     keys = [f"lag-{j}" for j in range(jobs)]
     result = lagstats.analyze(records, period, window, keys) if records else None
+    breakdown = lag_breakdown(records, window)
     interval = f"PT{polling_interval:g}S" if polling_interval else "PT10S (default)"
     return LagRun(
         system="ekbatan-fastapi",
@@ -189,7 +193,42 @@ async def run_ours(
         errors=errors,
         settings=f"FIXED_RATE|PT{period:g}S, polling interval {interval}, lock-and-fetch, "
         "LISTEN/NOTIFY on",
+        breakdown=breakdown,
     )
+
+
+def lag_breakdown(
+    records: Sequence[dict[str, Any]], window: tuple[float, float]
+) -> dict[str, dict[str, float | None]] | None:
+    """Each part of the lag of the slots in ``window``: the wake-up (the claiming poll's start
+    - the slot: timer, the scheduler's 2 ms margin, a busy event loop or CPU), the poll (its
+    round trip) and the launch (the poll's end - the start of ``execute``)."""
+    parts: dict[str, list[float]] = {"wake-up": [], "poll": [], "launch": [], "total": []}
+    for r in records:
+        if "poll_start" not in r or not window[0] <= r["slot"] <= window[1]:
+            continue
+        parts["wake-up"].append(r["poll_start"] - r["slot"])
+        parts["poll"].append(r["poll_end"] - r["poll_start"])
+        parts["launch"].append(r["start"] - r["poll_end"])
+        parts["total"].append(r["start"] - r["slot"])
+    if not parts["total"]:
+        return None
+    return {name: common.summarize_ms(values) for name, values in parts.items()}
+
+
+def format_breakdown(run: LagRun) -> str:
+    if not run.breakdown:
+        return ""
+    lines = [
+        "| part of the lag | p50 ms | p99 ms | max ms | mean ms |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, s in run.breakdown.items():
+        lines.append(
+            f"| {name} | {common.fmt_ms(s['p50'])} | {common.fmt_ms(s['p99'])} | "
+            f"{common.fmt_ms(s['max'])} | {common.fmt_ms(s['mean'])} |"
+        )
+    return "\n".join(lines)
 
 
 def format_table(runs: Sequence[LagRun]) -> str:
@@ -264,6 +303,21 @@ async def _worker(args: argparse.Namespace) -> int:
         .customize_scheduler(customize)
         .build()
     )
+    # Where a slot's lag goes: each poll's start and end (wall clock) and what it claimed, so
+    # that lag = (poll start - slot) + (poll) + (poll end - execute start). A bench-side wrapper
+    # around the repository's poll; it changes nothing in the scheduler.
+    polls: dict[tuple[str, float], tuple[float, float]] = {}
+    poll = registry.repository.poll
+
+    async def traced_poll(*a: Any, **kw: Any) -> Any:
+        began = time.time()
+        result = await poll(*a, **kw)
+        ended = time.time()
+        for row in result.claimed:
+            polls[(row.task_name, row.execution_time.timestamp())] = (began, ended)
+        return result
+
+    registry.repository.poll = traced_poll  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue[str] = asyncio.Queue()
     threading.Thread(target=common.read_stdin_lines, args=(loop, commands), daemon=True).start()
@@ -289,6 +343,10 @@ async def _worker(args: argparse.Namespace) -> int:
             profiler.disable()
             profiler.dump_stats(args.cprofile)
         await registry.stop()
+    for record in records:
+        traced = polls.get((record["key"], record["slot"]))
+        if traced is not None:
+            record["poll_start"], record["poll_end"] = traced
     await asyncio.to_thread(Path(args.result).write_text, json.dumps(records))
     print("done", flush=True)
     return 0
@@ -339,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kind = server.kind
     print(f"server: {kind}")
     print(format_table([run]))
+    print(format_breakdown(run))
     for error in run.errors:
         print(f"! {error}")
     if run.result is not None:
