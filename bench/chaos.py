@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -63,6 +64,8 @@ class ScenarioResult:
     audit: Audit
     problems: list[str]
     table: str
+    faults: list[str] = dataclasses.field(default_factory=list)
+    """What was injected, one word each (``kill``, ``outage``, ...)."""
 
     @property
     def ok(self) -> bool:
@@ -165,7 +168,34 @@ async def run_scenario(
     table = format_table(scenario, run, result, problems, command=command, database=version)
     if verbose:
         print(table, flush=True)
-    return ScenarioResult(name, short, result, problems, table)
+    faults = [f.kind for f in run.cluster.faults if f.kind != "skew"]
+    faults += ["clock skew"] if any(f.kind == "skew" for f in run.cluster.faults) else []
+    return ScenarioResult(name, short, result, problems, table, faults)
+
+
+def summary_table(results: Sequence[ScenarioResult]) -> str:
+    """One line per scenario: the figures of the per-scenario tables, side by side."""
+    lines = [
+        "| scenario | faults | recurring slots expected / executed / lost | one-time tasks "
+        "expected / executed / lost | slots executed twice: explained / unexplained | "
+        "reruns after a fault | scheduling resumed after the database returned | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        a = r.audit
+        counts = collections.Counter(r.faults)
+        faults = ", ".join(f"{n} x {kind}" if n > 1 else kind for kind, n in counts.items())
+        reruns = [t for rec in a.recoveries for t in rec.rerun_after]
+        resumed = [rec.resumed_all for rec in a.recoveries if rec.resumed_all is not None]
+        lines.append(
+            f"| {r.name} | {faults or '-'} | {a.recurring_expected} / {a.recurring_executed} / "
+            f"{len(a.recurring_lost)} | {a.one_time_expected} / {a.one_time_executed} / "
+            f"{len(a.one_time_lost)} | {len(a.duplicates) - len(a.unexplained)} / "
+            f"{len(a.unexplained)} | {_seconds(reruns)} | "
+            f"{_seconds(resumed)} | "
+            f"{'PASS' if r.ok else 'FAIL'} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _save_timetable(run: Run) -> None:
@@ -215,8 +245,8 @@ def _audit_input(run: Run, remaining: set[tuple[str, str]]) -> AuditInput:
 def _seconds(values: Sequence[float]) -> str:
     if not values:
         return "-"
-    low, high = min(values), max(values)
-    return f"{low:.2f} s" if abs(high - low) < 0.005 else f"{low:.2f}-{high:.2f} s"
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return f"{low} s" if low == high else f"{low}-{high} s"
 
 
 def _recovery_lines(run: Run, result: Audit) -> list[str]:
@@ -385,6 +415,8 @@ async def _main(args: argparse.Namespace) -> int:
                     print(f"(run files kept in {run_dir})\n")
                 else:
                     shutil.rmtree(run_dir, ignore_errors=True)
+    if len(results) > 1:
+        print("### Summary\n\n" + summary_table(results))
     failed = [r.name for r in results if not r.ok]
     print(
         f"{len(results) - len(failed)} of {len(results)} scenarios passed"

@@ -643,7 +643,8 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def fault_line(fault: Fault, begin: float) -> str:
-    when = f"{fault.began - begin:+.1f}s"
+    offset = fault.began - begin
+    when = f"{offset if abs(offset) >= 0.05 else 0.0:+.1f}s"
     lasted = (fault.ended - fault.began) if fault.ended else 0.0
     length = f" for {lasted:.1f}s" if lasted >= 0.2 else ""
     who = ",".join(fault.targets) or "all"
