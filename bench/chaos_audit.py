@@ -241,7 +241,7 @@ def _percentile(values: Sequence[float], fraction: float) -> float | None:
 
 def _fault_hit(fault: Fault, pid: int, began: float, until: float) -> bool:
     """``fault`` affected process ``pid`` at some time between ``began`` and ``until``."""
-    if not (fault.everyone or pid in fault.pids) or fault.kind in ("lock", "skew"):
+    if not (fault.everyone or pid in fault.pids) or fault.kind in ("lock", "skew", "http-load"):
         return False
     ended = fault.ended if fault.ended is not None else float("inf")
     return fault.began <= until and ended >= began
@@ -303,7 +303,7 @@ def _recoveries(
         by_slot[run.slot_key].append(run)
     result = []
     for fault in faults:
-        if fault.kind in ("lock", "skew"):
+        if fault.kind in ("lock", "skew", "http-load"):
             continue
         recovery = FaultRecovery(fault)
         ended = fault.ended if fault.ended is not None else fault.began

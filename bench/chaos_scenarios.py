@@ -588,6 +588,84 @@ def _clock_skew_checks(run: Run, audit: Audit) -> list[str]:
     return problems
 
 
+# -- 9. /jobs under load -------------------------------------------------------------------------
+
+
+async def _jobs_load(run: Run) -> None:
+    c = run.cluster
+    phase = run.pick(4.0, 20.0)
+    clients = int(run.pick(16, 32))
+    apps = [await c.start_app("a1"), await c.start_app("a2")]
+    run.processes = "2 uvicorn example apps (a1, a2), scheduling on the loops that serve /jobs"
+    run.load = (
+        f"{c.recurring} recurring jobs; {phase:g} s calm, then {phase:g} s of {clients} "
+        "clients per app calling GET /jobs back to back"
+    )
+    run.begin = time.time()
+    await asyncio.sleep(phase)
+    calm = (run.begin, time.time())
+    fault = c.fault("http-load", apps, f"{clients} concurrent /jobs clients per app")
+    answered: list[float] = []
+    statuses: list[str] = []
+
+    async def client(http: httpx.AsyncClient, app: Node, until: float) -> None:
+        while time.time() < until:
+            began = time.time()
+            try:
+                response = await http.get(f"{app.base_url}/jobs")
+                statuses.append(str(response.status_code))
+            except httpx.HTTPError as error:
+                statuses.append(type(error).__name__)
+            answered.append(time.time() - began)
+
+    until = time.time() + phase
+    async with httpx.AsyncClient(timeout=10) as http:
+        await asyncio.gather(*(client(http, app, until) for app in apps for _ in range(clients)))
+    fault.ended = time.time()
+    await run.settle()
+    lags = _slot_lags(run)
+    for name, (began, ended) in (("calm", calm), ("under load", (fault.began, fault.ended))):
+        values = sorted(lag for start, lag in lags if began <= start <= ended)
+        run.facts[name] = values
+        if values:
+            run.notes.append(
+                f"recurring slot lag {name}: p50 {values[len(values) // 2]:.3f} s, p99 "
+                f"{values[int(0.99 * len(values))]:.3f} s, max {values[-1]:.3f} s "
+                f"({len(values)} slots)"
+            )
+    answered.sort()
+    if answered:
+        run.notes.append(
+            f"/jobs under load: {len(answered)} requests, answers "
+            f"{'/'.join(sorted(set(statuses)))}, median {answered[len(answered) // 2]:.3f} s, "
+            f"max {answered[-1]:.3f} s"
+        )
+
+
+def _slot_lags(run: Run) -> list[tuple[float, float]]:
+    """(start, seconds from slot to start) of each recurring slot's first execution."""
+    first: dict[tuple[str, int], float] = {}
+    for path in run.cluster.ledger_dir.glob("ledger-*.jsonl"):
+        for line in path.read_text().splitlines():
+            if '"e":"start"' in line and '"chaos-r' in line:
+                record = json.loads(line)
+                key = (record["task"], record["slot"])
+                first[key] = min(first.get(key, record["t"]), record["t"])
+    return [(start, start - slot / 1e6) for (_, slot), start in first.items()]
+
+
+def _jobs_load_checks(run: Run, audit: Audit) -> list[str]:
+    problems = []
+    if audit.revivals:
+        problems.append(f"{audit.revivals} executions were revived under load")
+    loaded = run.facts.get("under load", [])
+    if not loaded:
+        problems.append("no slot ran under load")
+    elif loaded[int(0.99 * len(loaded))] > run.knobs.dead_after / 2:
+        problems.append(f"slots ran late under load: p99 {loaded[int(0.99 * len(loaded))]:.2f} s")
+    return problems
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -637,9 +715,16 @@ SCENARIOS: dict[str, Scenario] = {
             _clock_skew,
             _clock_skew_checks,
         ),
+        Scenario(
+            "jobs-load",
+            "/jobs under a bounded load of concurrent requests",
+            30,
+            _jobs_load,
+            _jobs_load_checks,
+        ),
     ]
 }
-"""The scenarios of issue 5, in its order."""
+"""The scenarios of issue 5, in its order (and /jobs under load, from its "Bad input")."""
 
 
 def fault_line(fault: Fault, begin: float) -> str:
