@@ -53,13 +53,14 @@ def throughput_chart(results: dict[str, Any], out: Path) -> Path | None:
     for s in limits:
         if s.get("strategy") == "lock-and-fetch" and not s.get("history") and s.get("median"):
             ax.axhline(s["median"], linestyle="--", linewidth=1, color="grey")
+            va = "bottom" if s["clients"] > 1 else "top"
             ax.text(
                 len(systems) - 0.5,
                 s["median"],
                 f"DB limit, lock-and-fetch, {s['clients']} client(s)",
                 fontsize=7,
                 ha="right",
-                va="bottom",
+                va=va,
             )
     ax.set_xticks([j + width * (len(ks) - 1) / 2 for j in range(len(systems))])
     ax.set_xticklabels(systems, fontsize=8)
