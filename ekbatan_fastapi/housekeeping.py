@@ -53,7 +53,7 @@ class Housekeeping:
         _last_unresolved_check: float
 
         def db_time(self) -> datetime: ...
-        def _observe_db_time(self, db_now: datetime) -> None: ...
+        def _observe_db_time(self, db_now: datetime, sent: datetime | None = None) -> None: ...
         def _db_failed(self, error: BaseException, where: str) -> None: ...
         def request_poll(self) -> None: ...
         def note_due(self, when: datetime) -> None: ...
@@ -81,8 +81,9 @@ class Housekeeping:
     async def _create_recurring_rows(self) -> None:
         """Insert missing recurring rows, move changed deterministic schedules, drop disabled."""
         repo = self.repository
+        sent = self.clock.now()
         db_now = await repo.db_now()
-        self._observe_db_time(db_now)
+        self._observe_db_time(db_now, sent)
         enabled = {n: s for n, s in self.schedules.items() if not s.is_disabled}
         inserted: set[TaskKey] = set(
             await repo.insert_missing(
@@ -129,8 +130,8 @@ class Housekeeping:
             await self._heartbeat()
             if self._stopping or not self._ready.is_set():
                 continue
+            await self._revive_dead()  # first: failover time does not wait for the others
             await self.recorder.report_instance(self._started_at or self.db_time())
-            await self._revive_dead()
             await self._maintain()
 
     async def _heartbeat(self) -> None:

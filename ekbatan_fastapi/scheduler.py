@@ -238,8 +238,11 @@ class Scheduler(Housekeeping):
         """The database's clock, estimated from the local clock and the last observed offset."""
         return self.clock.now() + self._db_offset
 
-    def _observe_db_time(self, db_now: datetime) -> None:
-        self._db_offset = db_now - self.clock.now()
+    def _observe_db_time(self, db_now: datetime, sent: datetime | None = None) -> None:
+        """Learn the database clock's offset from ``now()`` read in a statement sent at local
+        time ``sent``: ``now()`` is taken when the statement starts, so measuring against the
+        time the answer arrived would make every later wake-up late by that round trip."""
+        self._db_offset = db_now - (sent if sent is not None else self.clock.now())
         if self._db_reachable is False:
             log.warning("scheduler %s: database reachable again", self.name)
         self._db_reachable = True
@@ -330,6 +333,7 @@ class Scheduler(Housekeeping):
                 await self._sleep(interval)
                 continue
             began = self.clock.monotonic()
+            sent = self.clock.now()
             try:
                 result = await self.repository.poll(
                     self._active, self.batch_size, self.name, self.polling_strategy
@@ -341,7 +345,7 @@ class Scheduler(Housekeeping):
             backoff.reset()
             if self.observer.active:
                 self.observer.polled(self.clock.monotonic() - began, len(result.claimed))
-            self._observe_db_time(result.db_now)
+            self._observe_db_time(result.db_now, sent)
             self._last_poll = result.db_now
             for row in result.claimed:
                 self._launch(row)
