@@ -16,6 +16,7 @@ from .config import SchedulerConfig
 from .connection import ConnectionProvider
 from .errors import (
     ConfigurationError,
+    DatabaseTimeout,
     EkbatanError,
     ScheduleError,
     SchemaMissingError,
@@ -99,6 +100,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "Clock",
     "ConfigurationError",
     "ConnectionProvider",
+    "DatabaseTimeout",
     "DistributedJob",
     "EkbatanError",
     "ExecutionContext",
