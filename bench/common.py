@@ -8,18 +8,22 @@
 * ``ServerInfo``: how to reach a server from SQLAlchemy/asyncpg, from libpq tools (pgbench)
   and from the peers' drivers.
 * percentiles, process helpers (spawn, RSS, bounded waits) and the run's environment.
+* the harnesses' own pieces (``fresh_schema``, ``harness_parser``, ``worker_registry``,
+  ``stdin_commands``, ``wait_for_stop``, ``write_result``): their worker processes' common steps.
 
 Only stdlib and SQLAlchemy/asyncpg here: the peers' environment imports nothing from this file.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
 import ipaddress
+import json
 import math
 import os
 import platform
@@ -28,16 +32,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+
+if TYPE_CHECKING:  # the library itself only where a worker needs it (see the module's doc)
+    from ekbatan_fastapi import JobRegistry, SchedulerBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -283,6 +291,20 @@ async def fresh_database(server_url: str, prefix: str = "ekbatan_bench") -> Asyn
         await admin.dispose()
 
 
+@contextlib.asynccontextmanager
+async def fresh_schema(server_url: str, prefix: str) -> AsyncIterator[str]:
+    """``fresh_database`` with the library's tables created in it."""
+    from ekbatan_fastapi import create_schema
+
+    async with fresh_database(server_url, prefix) as db_url:
+        engine = create_async_engine(db_url, poolclass=NullPool)
+        try:
+            await create_schema(engine)
+        finally:
+            await engine.dispose()
+        yield db_url
+
+
 async def server_version(engine: AsyncEngine) -> str:
     async with engine.connect() as conn:
         return str((await conn.execute(text("SHOW server_version"))).scalar_one())
@@ -424,6 +446,90 @@ def read_stdin_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str])
     for line in sys.stdin:
         loop.call_soon_threadsafe(queue.put_nowait, line.strip())
     loop.call_soon_threadsafe(queue.put_nowait, "eof")
+
+
+# -- harness scripts and their workers ------------------------------------------------------
+
+
+def harness_parser(description: str | None) -> argparse.ArgumentParser:
+    """A harness's command line: ``--url`` first; the script adds its own options."""
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument("--url", help="a PostgreSQL server on this machine (default: a private one)")
+    return p
+
+
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    """The hidden options of a script's worker mode: ``--worker`` and ``--deadline``."""
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+
+
+def worker_registry(
+    url: str,
+    jobs: Iterable[Any],
+    *,
+    name: str,
+    polling_interval: float | None = None,
+    shutdown_max_wait: float = 5.0,
+    customize: Callable[[SchedulerBuilder], None] | None = None,
+) -> JobRegistry:
+    """A worker's registry: ``jobs`` on ``url``, its scheduler named ``name``; the library's
+    defaults but for the polling interval (when given) and what ``customize`` sets."""
+    from ekbatan_fastapi import job_registry
+
+    def customize_scheduler(b: SchedulerBuilder) -> None:
+        b.scheduler_name(name)
+        if polling_interval is not None:
+            b.polling_interval(dt.timedelta(seconds=polling_interval))
+        if customize is not None:
+            customize(b)
+
+    return (
+        job_registry()
+        .connection_provider(url)
+        .with_jobs(jobs)
+        .shutdown_max_wait(dt.timedelta(seconds=shutdown_max_wait))
+        .customize_scheduler(customize_scheduler)
+        .build()
+    )
+
+
+def stdin_commands() -> asyncio.Queue[str]:
+    """stdin's lines as a queue of the running loop ('eof' at the end), read by a thread."""
+    commands: asyncio.Queue[str] = asyncio.Queue()
+    args = (asyncio.get_running_loop(), commands)
+    threading.Thread(target=read_stdin_lines, args=args, daemon=True).start()
+    return commands
+
+
+async def wait_for_stop(
+    commands: asyncio.Queue[str],
+    deadline: float,
+    on_command: Callable[[str], None] | None = None,
+    *,
+    most: int | None = None,
+) -> None:
+    """Until a ``stop`` line or stdin's end, at the latest until ``deadline`` (monotonic; at
+    least 1 s from now); ``on_command`` sees every other line. ``most``: stop waiting after
+    that many lines anyway."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(1.0, deadline - time.monotonic())):
+            seen = 0
+            while most is None or seen < most:
+                seen += 1
+                command = await commands.get()
+                if command in ("stop", "eof"):
+                    break
+                if on_command is not None:
+                    on_command(command)
+
+
+async def write_result(path: str, value: Any) -> None:
+    """A worker's last step: its result as JSON to ``path``, then ``done`` on stdout."""
+    await asyncio.to_thread(Path(path).write_text, json.dumps(value))
+    print("done", flush=True)
 
 
 # -- environment ------------------------------------------------------------------------------

@@ -32,7 +32,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -264,7 +263,7 @@ def format_table(run: FailoverRun) -> str:
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    from ekbatan_fastapi import ExecutionContext, OneTimeJob, SchedulerBuilder, job_registry
+    from ekbatan_fastapi import ExecutionContext, OneTimeJob, SchedulerBuilder
 
     release_dir = Path(args.release_dir)
 
@@ -281,23 +280,19 @@ async def _worker(args: argparse.Namespace) -> int:
                 await asyncio.sleep(0.05)
 
     def customize(b: SchedulerBuilder) -> None:
-        b.scheduler_name(f"failover-{args.index}-{os.getpid()}")
         b.heartbeat_interval(dt.timedelta(seconds=args.heartbeat))
         b.missed_heartbeats_limit(args.limit)
 
-    registry = (
-        job_registry()
-        .connection_provider(args.url)
-        .with_job(Probe())
-        .shutdown_max_wait(dt.timedelta(seconds=2))
-        .customize_scheduler(customize)
-        .build()
+    registry = common.worker_registry(
+        args.url,
+        [Probe()],
+        name=f"failover-{args.index}-{os.getpid()}",
+        shutdown_max_wait=2.0,
+        customize=customize,
     )
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    commands: asyncio.Queue[str] = asyncio.Queue()
-    threading.Thread(target=common.read_stdin_lines, args=(loop, commands), daemon=True).start()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    commands = common.stdin_commands()
     await registry.start()
     try:
         if not await registry.wait_until_ready(60.0):
@@ -321,18 +316,16 @@ async def _worker(args: argparse.Namespace) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--url", help="a PostgreSQL server on this machine (default: a private one)")
+    p = common.harness_parser(__doc__)
     p.add_argument("--trials", type=int, default=None, help=f"({DEFAULT_TRIALS})")
     p.add_argument("--heartbeat", type=float, default=HEARTBEAT, help="seconds (1)")
     p.add_argument("--limit", type=int, default=LIMIT, help="missed heartbeats limit (4)")
     p.add_argument("--quick", action="store_true", help="3 trials")
     p.add_argument("--json", type=Path)
     # worker mode (internal)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    common.add_worker_arguments(p)
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--release-dir", help=argparse.SUPPRESS)
-    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 

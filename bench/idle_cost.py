@@ -29,15 +29,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import dataclasses
-import datetime as dt
 import json
 import os
 import re
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -175,20 +172,13 @@ async def run_idle(
     settle: float = SETTLE,
     polling_interval: float | None = None,
 ) -> IdleRun:
-    from ekbatan_fastapi import create_schema
-
     errors: list[str] = []
     server_statements: list[dict[str, Any]] = []
     server_counts: dict[str, int] | None = None
     client_counts: dict[str, int] = {}
     rss = cpu = None
-    async with common.fresh_database(server.url, "ekbatan_idle") as db_url:
+    async with common.fresh_schema(server.url, "ekbatan_idle") as db_url:
         database = db_url.rsplit("/", 1)[1].split("?", 1)[0]
-        engine = create_async_engine(db_url, poolclass=NullPool)
-        try:
-            await create_schema(engine)
-        finally:
-            await engine.dispose()
         with tempfile.TemporaryDirectory(prefix="ekbatan-idle-") as work:
             result = Path(work) / "counts.json"
             args = [sys.executable, str(THIS_FILE), "--worker", "--url", db_url]
@@ -266,14 +256,7 @@ def format_table(run: IdleRun) -> str:
 async def _worker(args: argparse.Namespace) -> int:
     from sqlalchemy import event
 
-    from ekbatan_fastapi import (
-        DistributedJob,
-        ExecutionContext,
-        Schedule,
-        SchedulerBuilder,
-        Schedules,
-        job_registry,
-    )
+    from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules
 
     class FarJob(DistributedJob):
         def __init__(self, name: str) -> None:
@@ -288,47 +271,34 @@ async def _worker(args: argparse.Namespace) -> int:
         async def execute(self, ctx: ExecutionContext) -> None:
             print(f"unexpected execution of {ctx.task_name}", file=sys.stderr, flush=True)
 
-    def customize(b: SchedulerBuilder) -> None:
-        b.scheduler_name(f"idle-{os.getpid()}")
-        if args.polling_interval is not None:
-            b.polling_interval(dt.timedelta(seconds=args.polling_interval))
-
-    registry = (
-        job_registry()
-        .connection_provider(args.url)
-        .with_jobs([FarJob(f"idle-{j:03d}") for j in range(args.jobs)])
-        .shutdown_max_wait(dt.timedelta(seconds=5))
-        .customize_scheduler(customize)
-        .build()
+    registry = common.worker_registry(
+        args.url,
+        [FarJob(f"idle-{j:03d}") for j in range(args.jobs)],
+        name=f"idle-{os.getpid()}",
+        polling_interval=args.polling_interval,
     )
     counts: collections.Counter[str] = collections.Counter()
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         counts[classify(statement)] += 1
 
+    def mark(command: str) -> None:
+        if command == "mark":
+            counts.clear()
+            print("marked", flush=True)
+
     event.listen(registry.engine.sync_engine, "before_cursor_execute", count)
-    loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[str] = asyncio.Queue()
-    threading.Thread(target=common.read_stdin_lines, args=(loop, commands), daemon=True).start()
+    commands = common.stdin_commands()
     await registry.start()
     try:
         if not await registry.wait_until_ready(60.0):
             return 1
         print("ready", flush=True)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(1.0, args.deadline - time.monotonic())):
-                for _ in range(10):
-                    command = await commands.get()
-                    if command == "mark":
-                        counts.clear()
-                        print("marked", flush=True)
-                    elif command in ("stop", "eof"):
-                        break
+        await common.wait_for_stop(commands, args.deadline, mark, most=10)
         window = dict(counts)
     finally:
         await registry.stop()
-    await asyncio.to_thread(Path(args.result).write_text, json.dumps(window))
-    print("done", flush=True)
+    await common.write_result(args.result, window)
     return 0
 
 
@@ -336,17 +306,15 @@ async def _worker(args: argparse.Namespace) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--url", help="a PostgreSQL server on this machine (default: a private one)")
+    p = common.harness_parser(__doc__)
     p.add_argument("--jobs", type=int, default=None, help=f"recurring jobs ({DEFAULT_JOBS})")
     p.add_argument("--duration", type=float, default=None, help="window, seconds (60)")
     p.add_argument("--polling-interval", type=float, default=None, help="default: PT10S")
     p.add_argument("--quick", action="store_true", help="10 jobs, 3 s")
     p.add_argument("--json", type=Path)
     # worker mode (internal)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    common.add_worker_arguments(p)
     p.add_argument("--result", help=argparse.SUPPRESS)
-    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 

@@ -27,21 +27,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import datetime as dt
 import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
 
 try:
     from bench import common, lagstats
@@ -155,14 +150,7 @@ async def run_ours(
     polling_interval: float | None = None,
     cprofile_dir: Path | None = None,
 ) -> LagRun:
-    from ekbatan_fastapi import create_schema
-
-    async with common.fresh_database(server.url, "ekbatan_lag") as db_url:
-        engine = create_async_engine(db_url, poolclass=NullPool)
-        try:
-            await create_schema(engine)
-        finally:
-            await engine.dispose()
+    async with common.fresh_schema(server.url, "ekbatan_lag") as db_url:
         deadline = time.monotonic() + warmup + duration + 300
 
         def args(index: int, result: Path) -> list[str]:
@@ -257,14 +245,7 @@ def format_table(runs: Sequence[LagRun]) -> str:
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    from ekbatan_fastapi import (
-        DistributedJob,
-        ExecutionContext,
-        Schedule,
-        SchedulerBuilder,
-        Schedules,
-        job_registry,
-    )
+    from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules
 
     records: list[dict[str, Any]] = []
 
@@ -290,18 +271,11 @@ async def _worker(args: argparse.Namespace) -> int:
                 }
             )
 
-    def customize(b: SchedulerBuilder) -> None:
-        b.scheduler_name(f"lag-{args.index}-{os.getpid()}")
-        if args.polling_interval is not None:
-            b.polling_interval(dt.timedelta(seconds=args.polling_interval))
-
-    registry = (
-        job_registry()
-        .connection_provider(args.url)
-        .with_jobs([LagJob(f"lag-{j}") for j in range(args.jobs)])
-        .shutdown_max_wait(dt.timedelta(seconds=5))
-        .customize_scheduler(customize)
-        .build()
+    registry = common.worker_registry(
+        args.url,
+        [LagJob(f"lag-{j}") for j in range(args.jobs)],
+        name=f"lag-{args.index}-{os.getpid()}",
+        polling_interval=args.polling_interval,
     )
     # Where a slot's lag goes: each poll's start and end (wall clock) and what it claimed, so
     # that lag = (poll start - slot) + (poll) + (poll end - execute start). A bench-side wrapper
@@ -318,9 +292,7 @@ async def _worker(args: argparse.Namespace) -> int:
         return result
 
     registry.repository.poll = traced_poll  # type: ignore[method-assign]
-    loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[str] = asyncio.Queue()
-    threading.Thread(target=common.read_stdin_lines, args=(loop, commands), daemon=True).start()
+    commands = common.stdin_commands()
     remaining = max(1.0, args.deadline - time.monotonic())
     profiler = None
     if args.cprofile:
@@ -334,10 +306,7 @@ async def _worker(args: argparse.Namespace) -> int:
             print("failed: not ready", flush=True)
             return 1
         print("ready", flush=True)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(1.0, args.deadline - time.monotonic())):
-                while await commands.get() not in ("stop", "eof"):
-                    pass
+        await common.wait_for_stop(commands, args.deadline)
     finally:
         if profiler is not None:
             profiler.disable()
@@ -347,8 +316,7 @@ async def _worker(args: argparse.Namespace) -> int:
         traced = polls.get((record["key"], record["slot"]))
         if traced is not None:
             record["poll_start"], record["poll_end"] = traced
-    await asyncio.to_thread(Path(args.result).write_text, json.dumps(records))
-    print("done", flush=True)
+    await common.write_result(args.result, records)
     return 0
 
 
@@ -356,8 +324,7 @@ async def _worker(args: argparse.Namespace) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--url", help="a PostgreSQL server on this machine (default: a private one)")
+    p = common.harness_parser(__doc__)
     p.add_argument("-k", "--processes", type=int, default=DEFAULT_PROCESSES)
     p.add_argument("--jobs", type=int, default=None, help=f"recurring jobs ({DEFAULT_JOBS})")
     p.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="schedule, seconds")
@@ -367,10 +334,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path)
     p.add_argument("--cprofile-dir", type=Path, help="cProfile each worker")
     # worker mode (internal)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    common.add_worker_arguments(p)
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
-    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     p.add_argument("--cprofile", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
