@@ -90,64 +90,72 @@ class EkbatanMetrics(SchedulerObserver):
             registry if registry is not None else prom.CollectorRegistry()
         )
         reg = self.registry
-        self.executions = prom.Counter(
+
+        def metric(
+            kind: Any, name: str, documentation: str, labels: Sequence[str], **options: Any
+        ) -> Any:
+            return kind(name, documentation, labels, registry=reg, **options)
+
+        task = ("task",)
+        self.executions = metric(
+            prom.Counter,
             "ekbatan_executions",
             "Finished executions by task and outcome.",
-            ["task", "outcome"],
-            registry=reg,
+            ("task", "outcome"),
         )
-        self.duration = prom.Histogram(
+        self.duration = metric(
+            prom.Histogram,
             "ekbatan_execution_duration_seconds",
             "How long a task's execute() ran.",
-            ["task"],
+            task,
             buckets=tuple(duration_buckets),
-            registry=reg,
         )
-        self.slot_lag = prom.Histogram(
+        self.slot_lag = metric(
+            prom.Histogram,
             "ekbatan_execution_slot_lag_seconds",
             "Start of an execution minus its slot (execution_time), database clock.",
-            ["task"],
+            task,
             buckets=tuple(lag_buckets),
-            registry=reg,
         )
-        self.last_success = prom.Gauge(
+        self.last_success = metric(
+            prom.Gauge,
             "ekbatan_last_success_timestamp_seconds",
             "When the last successful execution seen by this instance finished (Unix time).",
-            ["task"],
-            registry=reg,
+            task,
         )
-        self.consecutive_failures = prom.Gauge(
+        self.consecutive_failures = metric(
+            prom.Gauge,
             "ekbatan_consecutive_failures",
             "The row's consecutive_failures as this instance last recorded it.",
-            ["task"],
-            registry=reg,
+            task,
         )
-        self.heartbeat_failures = prom.Counter(
+        self.heartbeat_failures = metric(
+            prom.Counter,
             "ekbatan_heartbeat_failures",
             "Failed heartbeats of running executions (database error or row taken over).",
-            ["task"],
-            registry=reg,
+            task,
         )
-        self.dead_revived = prom.Counter(
+        self.dead_revived = metric(
+            prom.Counter,
             "ekbatan_dead_executions_revived",
             "Executions whose heartbeats stopped, revived by this instance.",
-            ["task"],
-            registry=reg,
+            task,
         )
-        self.poll_duration = prom.Histogram(
+        self.poll_duration = metric(
+            prom.Histogram,
             "ekbatan_poll_duration_seconds",
             "Duration of the statements that claim due executions.",
+            (),
             buckets=tuple(poll_buckets),
-            registry=reg,
         )
-        self.claimed = prom.Counter(
-            "ekbatan_claimed_executions", "Executions claimed by polls.", registry=reg
+        self.claimed = metric(
+            prom.Counter, "ekbatan_claimed_executions", "Executions claimed by polls.", ()
         )
-        self.database_errors = prom.Counter(
+        self.database_errors = metric(
+            prom.Counter,
             "ekbatan_database_errors",
             "Failed database statements of the scheduler (retried with backoff).",
-            ["operation"],
-            registry=reg,
+            ("operation",),
         )
         self._schedulers: list[weakref.ref[Scheduler]] = []
         reg.register(_RunningCollector(self._running))
