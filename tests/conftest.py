@@ -68,21 +68,28 @@ def _asyncpg_dsn(url: str, database: str | None = None) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-async def database_url(postgres_server_url: str) -> AsyncIterator[str]:
-    """A fresh, empty database for one test; dropped afterwards."""
+@contextlib.asynccontextmanager
+async def _fresh_postgres_database(server_url: str) -> AsyncIterator[str]:
+    """A fresh, empty database on the PostgreSQL server; dropped afterwards."""
     name = f"ekbatan_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(**_asyncpg_dsn(postgres_server_url))
+    admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
-    yield make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
-    admin = await asyncpg.connect(**_asyncpg_dsn(postgres_server_url))
+    yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def database_url(postgres_server_url: str) -> AsyncIterator[str]:
+    """A fresh, empty database for one test; dropped afterwards."""
+    async with _fresh_postgres_database(postgres_server_url) as url:
+        yield url
 
 
 @pytest.fixture
@@ -180,22 +187,6 @@ def mysql_server_url() -> str:
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     return parsed.set(drivername=f"{backend}+asyncmy").render_as_string(hide_password=False)
-
-
-@contextlib.asynccontextmanager
-async def _fresh_postgres_database(server_url: str) -> AsyncIterator[str]:
-    name = f"ekbatan_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 class _DriverWarnings(logging.Handler):
