@@ -37,14 +37,9 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
-@pytest.fixture(scope="session")
-def postgres_server_url() -> Iterator[str]:
-    """An asyncpg URL of a server where the tests may create databases."""
-    external = os.environ.get("EKBATAN_TEST_POSTGRES_URL")
-    if external:
-        url = make_url(external)
-        yield url.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
-        return
+@contextlib.contextmanager
+def _embedded_server() -> Iterator[str]:
+    """An embedded PostgreSQL of the session's own: the URL of its ``postgres`` database."""
     base = Path(tempfile.mkdtemp(prefix="ekbatan-test-pg-"))
     server = start_embedded_postgres(base / "data", delete_on_cleanup=True)
     # Durability is not under test: skipping fsync makes CREATE DATABASE and commits cheap.
@@ -53,6 +48,18 @@ def postgres_server_url() -> Iterator[str]:
     server.psql("SELECT pg_reload_conf();")
     yield server.url("postgres")
     server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    """An asyncpg URL of a server where the tests may create databases."""
+    external = os.environ.get("EKBATAN_TEST_POSTGRES_URL")
+    if external:
+        url = make_url(external)
+        yield url.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+        return
+    with _embedded_server() as url:
+        yield url
 
 
 def _asyncpg_dsn(url: str, database: str | None = None) -> dict[str, Any]:
@@ -159,13 +166,8 @@ def embedded_postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if not os.environ.get(POSTGRES_URL_VARIABLE):
         yield request.getfixturevalue("postgres_server_url")  # that one is embedded
         return
-    base = Path(tempfile.mkdtemp(prefix="ekbatan-test-pg-"))
-    server = start_embedded_postgres(base / "data", delete_on_cleanup=True)
-    server.psql("ALTER SYSTEM SET fsync = off; ALTER SYSTEM SET synchronous_commit = off;")
-    server.psql("ALTER SYSTEM SET max_connections = 300;")
-    server.psql("SELECT pg_reload_conf();")
-    yield server.url("postgres")
-    server.cleanup()
+    with _embedded_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
