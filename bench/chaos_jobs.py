@@ -271,9 +271,9 @@ def _record_finishes(event: str, items: Sequence[Finish], recorded: set[TaskKey]
 
 def _wrap_finish(method: Callable[..., Awaitable[set[TaskKey]]]) -> Callable[..., Any]:
     @functools.wraps(method)
-    async def finish(self: TaskRepository, items: Sequence[Finish]) -> set[TaskKey]:
+    async def finish(self: TaskRepository, items: Sequence[Finish], **options: Any) -> set[TaskKey]:
         try:
-            recorded = await method(self, items)
+            recorded = await method(self, items, **options)
         except BaseException:
             # The statement may have committed before the connection broke: the completer's
             # retry is then rejected although the result was recorded (the audit knows).

@@ -86,15 +86,16 @@ def _repository_sql() -> dict[str, str]:
     repo = PostgresRepository(engine, TABLE)
     lock_and_fetch, fetch_candidates = repo._poll_sql[True]
     return {
-        "lock_and_fetch": lock_and_fetch.text,
-        "fetch_candidates": fetch_candidates.text,
-        "claim": repo._claim.text,
-        "finish": repo._finish.text,
+        "lock_and_fetch": lock_and_fetch.template,
+        "fetch_candidates": fetch_candidates.template,
+        "claim": repo._claim.template,
+        "finish": repo._finish.template,
+        "finish_history": repo._finish_history.template,
     }
 
 
 _FINAL_SELECT = re.compile(r"\n(SELECT c\.\*, x\.db_now, x\.next_due\s.*)\Z", re.S)
-_FINAL_UPDATE = re.compile(r"\n(UPDATE \S+ AS t\s.*RETURNING t\.\*)\s*\Z", re.S)
+_FINAL_UPDATE = re.compile(r"\n(UPDATE \S+ AS t\s.*RETURNING [^\n]*)\s*\Z", re.S)
 
 _AGGREGATE = """
 SELECT COALESCE(array_agg(task_name) FILTER (WHERE task_name IS NOT NULL), '{{}}') AS names,
@@ -106,8 +107,28 @@ SELECT COALESCE(array_agg(task_name) FILTER (WHERE task_name IS NOT NULL), '{{}}
            '{{}}') AS next_times,
        COALESCE(array_agg(CAST(3 AS smallint)) FILTER (WHERE task_name IS NOT NULL), '{{}}')
            AS kinds,
-       count(task_name) AS claimed
+       {history}count(task_name) AS claimed
 FROM {source}"""
+
+# With the history: the completion's history arrays, as the scheduler sends them for no-op
+# executions that succeeded (started and finished now, no error).
+_HISTORY_ARRAYS = """COALESCE(array_agg(task_name) FILTER (WHERE task_name IS NOT NULL), '{{}}')
+           AS h_names,
+       COALESCE(array_agg(task_instance) FILTER (WHERE task_name IS NOT NULL), '{{}}')
+           AS h_instances,
+       COALESCE(array_agg(version{bump}) FILTER (WHERE task_name IS NOT NULL), '{{}}')
+           AS h_versions,
+       COALESCE(array_agg(execution_time) FILTER (WHERE task_name IS NOT NULL), '{{}}')
+           AS h_times,
+       COALESCE(array_agg(now()) FILTER (WHERE task_name IS NOT NULL), '{{}}') AS h_started,
+       COALESCE(array_agg(now()) FILTER (WHERE task_name IS NOT NULL), '{{}}') AS h_finished,
+       COALESCE(array_agg(CAST('succeeded' AS text)) FILTER (WHERE task_name IS NOT NULL),
+           '{{}}') AS h_outcomes,
+       COALESCE(array_agg(CAST(NULL AS text)) FILTER (WHERE task_name IS NOT NULL), '{{}}')
+           AS h_classes,
+       COALESCE(array_agg(CAST(NULL AS text)) FILTER (WHERE task_name IS NOT NULL), '{{}}')
+           AS h_messages,
+       """
 
 
 def _one_line(sql: str) -> str:
@@ -115,7 +136,7 @@ def _one_line(sql: str) -> str:
     return " ".join(line.strip() for line in sql.strip().splitlines() if line.strip()) + ";"
 
 
-_ARRAYS = re.compile(r":(names|instances|versions|next_times|kinds)\b")
+_ARRAYS = re.compile(r":(names|instances|versions|next_times|kinds|h_[a-z]+)\b")
 
 
 def _rename(sql: str, prefix: str) -> str:
@@ -126,13 +147,14 @@ def _rename(sql: str, prefix: str) -> str:
 def build_scripts(with_history: bool = False) -> dict[str, str]:
     """pgbench scripts, one per strategy, from the repository's statements."""
     sql = _repository_sql()
+    history = _HISTORY_ARRAYS.format(bump="") if with_history else ""
     lf = _FINAL_SELECT.search(sql["lock_and_fetch"])
     if lf is None:
         raise RuntimeError("the lock-and-fetch statement changed shape; update db_limit.py")
     lock_and_fetch = (
         sql["lock_and_fetch"][: lf.start()]
         + f", result AS ({lf.group(1)})"
-        + _AGGREGATE.format(bump="", source="result")
+        + _AGGREGATE.format(bump="", source="result", history=history)
     )
     claim_match = _FINAL_UPDATE.search(sql["claim"])
     if claim_match is None:
@@ -140,20 +162,15 @@ def build_scripts(with_history: bool = False) -> dict[str, str]:
     claim = (
         sql["claim"][: claim_match.start()]
         + f", claimed AS ({claim_match.group(1)})"
-        + _AGGREGATE.format(bump="", source="claimed")
+        + _AGGREGATE.format(bump="", source="claimed", history=history)
     )
     candidates = f"WITH result AS ({sql['fetch_candidates'].strip()})" + _AGGREGATE.format(
-        bump="", source="result"
+        bump="", source="result", history=""
     )
-    finish = _rename(sql["finish"], "c_")
+    # With the history, the completion is the repository's statement that also inserts it.
+    finish = _rename(sql["finish_history" if with_history else "finish"], "c_")
     claim = _rename(claim, "f_")
-    history = (
-        "INSERT INTO ekbatan_execution_history (task_name, task_instance, execution_time, "
-        "picked_by, started_at, finished_at, outcome) SELECT d.n, d.i, now(), :picked_by, "
-        "now(), now(), 'succeeded' FROM unnest(CAST(:c_names AS text[]), "
-        "CAST(:c_instances AS text[])) AS d(n, i);"
-    )
-    tail = [_one_line(finish)] + ([history] if with_history else [])
+    tail = [_one_line(finish)]
     return {
         "lock-and-fetch": "\n".join([_one_line(lock_and_fetch), "\\gset c_", *tail]) + "\n",
         "fetch": "\n".join(

@@ -288,6 +288,17 @@ async def _worker(args: argparse.Namespace) -> int:
             print("marked", flush=True)
 
     event.listen(registry.engine.sync_engine, "before_cursor_execute", count)
+    # PostgreSQL's hot statements (the poll among them) go to asyncpg directly, past
+    # SQLAlchemy's events: count those where they are sent.
+    repository: Any = registry.repository
+    if hasattr(repository, "_fetch"):
+        send = repository._fetch
+
+        async def counted(stmt: Any, params: Any, lease: Any) -> Any:
+            counts[classify(stmt.sql)] += 1
+            return await send(stmt, params, lease)
+
+        repository._fetch = counted
     commands = common.stdin_commands()
     await registry.start()
     try:

@@ -34,8 +34,8 @@ from .lag import LoopLagMonitor
 from .observer import ObserverDispatch, finished_event
 from .operations.recorder import OperationsRecorder
 from .operations.repository import OperationsRepository
-from .repository.base import PollingStrategy, TaskRepository
-from .repository.model import Finish, TaskKey, TaskRow
+from .repository.base import HistoryTableMissing, PollingStrategy, TaskRepository
+from .repository.model import Finish, HistoryEntry, TaskKey, TaskRow
 from .schedules import Schedule
 from .status import ExecutionStatus, SchedulerStatus
 
@@ -82,6 +82,7 @@ class Scheduler(Housekeeping):
             )
         self.polling_strategy = strategy
         self.batch_size = config.batch_size or max(50, 3 * len(self.jobs))
+        self._is_async = {name: job.is_async for name, job in self.jobs.items()}
 
         self.recorder = OperationsRecorder(
             OperationsRepository(repository),
@@ -91,7 +92,13 @@ class Scheduler(Housekeeping):
             on_db_error=self._db_failed,
         )
         self.running: dict[TaskKey, Execution] = {}
-        self._pending: list[tuple[Finish, asyncio.Future[bool], Execution]] = []
+        self._pending: list[tuple[Finish, Execution]] = []
+        self._executing = 0
+        """Executions whose job has not returned yet: only these count against batch_size,
+        so the next claim overlaps the recording of the previous batch's results."""
+        self._waiting_for_capacity = False
+        self._poll_lease = repository.lease()
+        self._finish_lease = repository.lease()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._threads: ThreadPoolExecutor | None = None
         self._wake = asyncio.Event()
@@ -320,23 +327,33 @@ class Scheduler(Housekeeping):
                 await asyncio.sleep(delay)
 
     async def _poll_loop(self) -> None:
+        try:
+            await self._polling()
+        finally:
+            await self._poll_lease.release()
+
+    async def _polling(self) -> None:
         if not self._ready.is_set():
             await self._bootstrap()
         backoff = Backoff(self.config.polling_interval.total_seconds())
         interval = self.config.polling_interval.total_seconds()
+        lease = self._poll_lease
         while not self._stopping:
-            if len(self.running) >= self.batch_size:
-                # Nothing can be claimed until executions finish (the completer wakes us then),
-                # so a known due time is moot; one in the past would make _sleep return at once
+            limit = self.batch_size - self._executing
+            if limit <= 0 or len(self.running) >= 2 * self.batch_size:
+                # Nothing can be claimed until executions finish (they wake us then), so a
+                # known due time is moot; one in the past would make _sleep return at once
                 # without yielding, and this loop would spin and starve the event loop.
                 self._planned_due = None
+                self._waiting_for_capacity = True
+                lease.idle()
                 await self._sleep(interval)
                 continue
             began = self.clock.monotonic()
             sent = self.clock.now()
             try:
                 result = await self.repository.poll(
-                    self._active, self.batch_size, self.name, self.polling_strategy
+                    self._active, limit, self.name, self.polling_strategy, lease=lease
                 )
             except Exception as error:
                 self._db_failed(error, "poll")
@@ -351,9 +368,10 @@ class Scheduler(Housekeeping):
                 self._launch(row)
             # More may be due: a full batch claimed, or (fetch) a full batch seen of which peers
             # won some; sleeping now would leave a full table to the winners for a whole interval.
-            if len(result.claimed) >= self.batch_size or result.more_due:
+            if len(result.claimed) >= limit or result.more_due:
                 continue  # more may be due
             self._planned_due = result.next_due
+            lease.idle()
             await self._sleep(interval)
 
     def run_claimed(self, row: TaskRow) -> None:
@@ -377,6 +395,7 @@ class Scheduler(Housekeeping):
             row, job, heartbeat, self.db_time(), schedule=self.schedules.get(row.task_name)
         )
         self.running[row.key] = execution
+        self._executing += 1
         if self.observer.active:
             lag = (execution.started - row.execution_time).total_seconds()
             self.observer.execution_started(row.task_name, row.task_instance, lag)
@@ -390,7 +409,7 @@ class Scheduler(Housekeeping):
         began = self.clock.monotonic()
         try:
             ctx = execution.context(lambda: self._stopping)
-            if execution.job.is_async:
+            if self._is_async[execution.row.task_name]:
                 await execution.job.execute(ctx)  # type: ignore[misc]
             else:
                 if self._threads is None:
@@ -417,6 +436,11 @@ class Scheduler(Housekeeping):
                 execution.row.execution_time.isoformat(),
                 extra=self._extra(execution.row),
             )
+        finally:
+            self._executing -= 1
+            if self._waiting_for_capacity:
+                self._waiting_for_capacity = False
+                self.request_poll()
         execution.error = error
         execution.duration = self.clock.monotonic() - began
         execution.finished_at = self.db_time()
@@ -426,9 +450,10 @@ class Scheduler(Housekeeping):
             cancelled=cancelled,
             fallback_delay=self.config.polling_interval,
         )
-        await self._record(execution, finish)
+        self._record(execution, finish)
 
-    async def _record(self, execution: Execution, finish: Finish) -> None:
+    def _record(self, execution: Execution, finish: Finish) -> None:
+        """Hand a result to the completer (no wait: the completer reports what it wrote)."""
         if self._completer_closed:
             log.warning(
                 "%s finished after shutdown; its row stays picked and is revived later",
@@ -436,28 +461,23 @@ class Scheduler(Housekeeping):
                 extra=self._extra(execution.row),
             )
             return
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         execution.recording = True
-        self._pending.append((finish, future, execution))
+        self._pending.append((finish, execution))
         self._finish_ready.set()
-        recorded = await future
-        if not recorded:
-            log.warning(
-                "%s (slot %s) finished, but its row was revived by another instance meanwhile: "
-                "result not recorded",
-                execution.label,
-                execution.row.execution_time.isoformat(),
-                extra=self._extra(execution.row),
-            )
-        elif finish.next_time is not None and finish.owned.task_instance == RECURRING_INSTANCE:
-            self.note_due(finish.next_time)
 
     async def _complete_loop(self) -> None:
+        try:
+            await self._completing()
+        finally:
+            await self._finish_lease.release()
+
+    async def _completing(self) -> None:
         backoff = Backoff(self.config.polling_interval.total_seconds())
         while True:
             if not self._pending:
                 if self._completer_closed:
                     return
+                self._finish_lease.idle()
                 await self._finish_ready.wait()
                 self._finish_ready.clear()
                 continue
@@ -467,30 +487,52 @@ class Scheduler(Housekeeping):
             # the row's version, and the repository answers with keys: the older results are
             # not sent, and count as superseded.
             newest: dict[TaskKey, int] = {}
-            for finish, _, _ in batch:
+            for finish, _ in batch:
                 owned = finish.owned
                 newest[owned.key] = max(newest.get(owned.key, owned.version), owned.version)
-            current = [f for f, _, _ in batch if f.owned.version == newest[f.owned.key]]
+            current = [f for f, _ in batch if f.owned.version == newest[f.owned.key]]
+            # Where the dialect can, the history is written by the completion statement itself.
+            inline = self.repository.writes_history_with_finish and self.recorder.enabled
+            history: list[HistoryEntry] = (
+                [self.recorder.entry(e, f) for f, e in batch] if inline else []
+            )
             try:
-                recorded = await self.repository.finish(current)
+                recorded = await self.repository.finish(
+                    current, lease=self._finish_lease, history=history, picked_by=self.name
+                )
+            except HistoryTableMissing as error:
+                self.recorder.table_lost(error)
+                continue
             except Exception as error:
                 self._db_failed(error, "recording results")
                 await asyncio.sleep(backoff.next())
                 continue
             backoff.reset()
             del self._pending[: len(batch)]
-            was_full = len(self.running) >= self.batch_size
-            for finish, future, execution in batch:
+            for finish, execution in batch:
                 key = execution.row.key
                 if self.running.get(key) is execution:  # not a newer claim of the same row
                     del self.running[key]
                 ok = key in recorded and finish.owned.version == newest[key]
-                self.recorder.record(execution, finish, ok)
+                if not inline:
+                    self.recorder.record(execution, finish, ok)
                 if self.observer.active:
                     self.observer.execution_finished(finished_event(execution, finish, ok))
-                if not future.done():
-                    future.set_result(ok)
-            if was_full and len(self.running) < self.batch_size:
+                if not ok:
+                    log.warning(
+                        "%s (slot %s) finished, but its row was revived by another instance "
+                        "meanwhile: result not recorded",
+                        execution.label,
+                        execution.row.execution_time.isoformat(),
+                        extra=self._extra(execution.row),
+                    )
+                elif (
+                    finish.next_time is not None
+                    and finish.owned.task_instance == RECURRING_INSTANCE
+                ):
+                    self.note_due(finish.next_time)
+            if self._waiting_for_capacity and len(self.running) < 2 * self.batch_size:
+                self._waiting_for_capacity = False
                 self.request_poll()
 
     # -- reporting -------------------------------------------------------------------------

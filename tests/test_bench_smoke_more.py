@@ -30,7 +30,7 @@ def test_db_limit_scripts_use_the_repository_statements_verbatim() -> None:
     assert scripts["lock-and-fetch"].count("\\gset") == 1
     assert scripts["fetch"].count("\\gset") == 2
     assert "FOR UPDATE SKIP LOCKED" in scripts["lock-and-fetch"]
-    assert "INSERT INTO ekbatan_execution_history" in scripts["fetch"]
+    assert 'INSERT INTO "ekbatan_execution_history"' in scripts["fetch"]
     assert PostgresRepository.__name__  # the statements come from the class itself
 
 

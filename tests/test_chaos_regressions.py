@@ -138,7 +138,7 @@ async def test_a_stale_and_a_fresh_result_of_one_row_in_one_batch_are_told_apart
     registry = await any_registries.start(job)
     repository = registry.repository
 
-    async def down(*_args: object) -> set[tuple[str, str]]:
+    async def down(*_args: object, **_kwargs: object) -> set[tuple[str, str]]:
         raise OSError("the database is away")
 
     repository.finish = down  # type: ignore[method-assign,assignment]
@@ -181,7 +181,7 @@ async def test_a_stale_result_does_not_unregister_the_rerun_of_its_row(
     registry = await any_registries.start(job)
     repository = registry.repository
 
-    async def down(*_args: object) -> set[tuple[str, str]]:
+    async def down(*_args: object, **_kwargs: object) -> set[tuple[str, str]]:
         raise OSError("the database is away")
 
     repository.finish = down  # type: ignore[method-assign,assignment]

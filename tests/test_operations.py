@@ -201,12 +201,14 @@ class _Ops:
     def __init__(self) -> None:
         self.inserts: list[tuple[int, float]] = []
 
-    async def insert_history(self, records: Any) -> None:
+    async def insert_history(self, records: Any, picked_by: str) -> None:
         self.inserts.append((len(records), asyncio.get_running_loop().time()))
 
 
 def _finished(n: int) -> tuple[Any, Any]:
-    row = SimpleNamespace(task_name="t", task_instance=f"i{n}", execution_time=datetime.now(UTC))
+    row = SimpleNamespace(
+        task_name="t", task_instance=f"i{n}", version=2, execution_time=datetime.now(UTC)
+    )
     execution = SimpleNamespace(row=row, error=None, started=row.execution_time, finished_at=None)
     return execution, SimpleNamespace(kind=FinishKind.DELETED)
 

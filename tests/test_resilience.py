@@ -103,7 +103,7 @@ async def test_stale_execution_cannot_record_its_result(
     stale = await any_registries.start(stale_job)
     await asyncio.wait_for(stale_job.started.wait(), 5)
 
-    async def partitioned(*_args: object) -> None:
+    async def partitioned(*_args: object, **_kwargs: object) -> None:
         raise OSError("network partition")
 
     # This instance can no longer reach the database, but its job runs on.

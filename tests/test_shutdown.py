@@ -133,8 +133,8 @@ async def test_stop_during_a_claim_runs_what_was_claimed(
     real_poll = registry.repository.poll
     in_poll = asyncio.Event()
 
-    async def slow_poll(*args: Any) -> Any:
-        result = await real_poll(*args)  # the claim has committed...
+    async def slow_poll(*args: Any, **kwargs: Any) -> Any:
+        result = await real_poll(*args, **kwargs)  # the claim has committed...
         if result.claimed:
             in_poll.set()
             await asyncio.sleep(0.3)  # ...and stop() arrives before the rows are started

@@ -1,6 +1,9 @@
 """Writes the operations tables for one scheduler: history in batches, its instance row, and
-the housekeeping of both. History is written off the hot path: the completer only appends to
-a buffer; this recorder's own loop inserts the buffer in one statement per batch."""
+the housekeeping of both.
+
+On PostgreSQL the history is written by the completion statement itself (one statement per
+batch of results writes both). Elsewhere it is written off the hot path: the completer only
+appends to a buffer; this recorder's own loop inserts the buffer in one statement per batch."""
 
 from __future__ import annotations
 
@@ -12,9 +15,9 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..repository.model import Finish, FinishKind
+from ..repository.model import Finish, FinishKind, HistoryEntry
 from .models import Outcome
 from .repository import OperationsRepository
 
@@ -63,7 +66,7 @@ class OperationsRecorder:
         self.retention = retention
         self.available = False
         self._on_db_error = on_db_error
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[HistoryEntry] = []
         self._ready = asyncio.Event()
         self._full = asyncio.Event()
         self._dropped = 0
@@ -97,9 +100,44 @@ class OperationsRecorder:
             )
         return self.available
 
+    @property
+    def enabled(self) -> bool:
+        """History is on and its table exists."""
+        return self.history_enabled and self.available
+
+    def table_lost(self, error: BaseException) -> None:
+        """The history table went away while running: stop writing history until the hourly
+        housekeeping finds the operations tables again."""
+        self.available = False
+        self._warned_missing = False
+        self._checked_at = time.monotonic()
+        log.warning(
+            "scheduler %s: the execution history table is gone (%s); history is off until it "
+            "is back",
+            self.name,
+            error,
+            extra={"scheduler": self.name},
+        )
+
+    def entry(self, execution: Execution, finish: Finish, recorded: bool = True) -> HistoryEntry:
+        """One execution's record; ``recorded``: whether its result was written."""
+        error = execution.error
+        row = execution.row
+        return HistoryEntry(
+            row.task_name,
+            row.task_instance,
+            row.version,
+            row.execution_time,
+            execution.started,
+            execution.finished_at or execution.started,
+            outcome_of(finish, recorded, error).value,
+            None if error is None else type(error).__qualname__[:200],
+            None if error is None else str(error)[:_MESSAGE_LIMIT],
+        )
+
     def record(self, execution: Execution, finish: Finish, recorded: bool) -> None:
         """Buffer one execution's record (no I/O)."""
-        if not (self.history_enabled and self.available):
+        if not self.enabled:
             return
         if len(self._buffer) >= _MAX_BUFFER:
             self._dropped += 1
@@ -111,22 +149,7 @@ class OperationsRecorder:
                     self._dropped,
                 )
             return
-        error = execution.error
-        row = execution.row
-        message = None if error is None else str(error)[:_MESSAGE_LIMIT]
-        self._buffer.append(
-            {
-                "task_name": row.task_name,
-                "task_instance": row.task_instance,
-                "execution_time": row.execution_time,
-                "picked_by": self.name,
-                "started_at": execution.started,
-                "finished_at": execution.finished_at or execution.started,
-                "outcome": outcome_of(finish, recorded, error).value,
-                "error_class": None if error is None else type(error).__qualname__[:200],
-                "error_message": message,
-            }
-        )
+        self._buffer.append(self.entry(execution, finish, recorded))
         self._ready.set()
         if len(self._buffer) >= _MAX_BATCH:
             self._full.set()
@@ -147,7 +170,7 @@ class OperationsRecorder:
             while self._buffer:
                 batch = self._buffer[:_MAX_BATCH]
                 try:
-                    await self.ops.insert_history(batch)
+                    await self.ops.insert_history(batch, self.name)
                 except Exception as error:
                     self._on_db_error(error, "writing execution history")
                     await asyncio.sleep(delay)

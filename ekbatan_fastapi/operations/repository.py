@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import MetaData, TextClause, delete, insert, inspect, select, text
+from sqlalchemy import MetaData, delete, insert, inspect, select
 from sqlalchemy.dialects import mysql, postgresql
 
+from ..repository.model import HistoryEntry
 from .models import ExecutionRecord, InstanceInfo, PauseInfo
 from .tables import OperationsTables
 
@@ -16,23 +17,6 @@ if TYPE_CHECKING:
     from ..repository.base import TaskRepository
 
 __all__ = ["OperationsRepository"]
-
-_HISTORY_COLUMNS = (
-    "task_name",
-    "task_instance",
-    "execution_time",
-    "picked_by",
-    "started_at",
-    "finished_at",
-    "outcome",
-    "error_class",
-    "error_message",
-)
-_PG_ARRAY_TYPES = {
-    "execution_time": "timestamptz[]",
-    "started_at": "timestamptz[]",
-    "finished_at": "timestamptz[]",
-}
 
 
 class OperationsRepository:
@@ -42,17 +26,6 @@ class OperationsRepository:
         self.tasks = tasks
         self.tables = OperationsTables(MetaData(), tasks.table.schema)
         self._postgres = tasks.dialect_name == "postgresql"
-        self._unnest_history: TextClause | None = None
-        if self._postgres:
-            h = self.tables.history
-            name = f'"{h.schema}"."{h.name}"' if h.schema else f'"{h.name}"'
-            columns = ", ".join(_HISTORY_COLUMNS)
-            arrays = ", ".join(
-                f"CAST(:{c} AS {_PG_ARRAY_TYPES.get(c, 'text[]')})" for c in _HISTORY_COLUMNS
-            )
-            self._unnest_history = text(
-                f"INSERT INTO {name} ({columns}) SELECT * FROM unnest({arrays})"
-            )
 
     async def exists(self) -> bool:
         """True when all three tables exist (they come with migration V0002)."""
@@ -75,17 +48,26 @@ class OperationsRepository:
 
     # -- history ------------------------------------------------------------------------
 
-    async def insert_history(self, records: Sequence[dict[str, Any]]) -> None:
-        """Insert many records in one statement (one round trip per batch). On PostgreSQL the
-        rows travel as one array per column (``unnest``): about half the cost per record of
-        an executemany, on both sides of the socket."""
+    async def insert_history(self, records: Sequence[HistoryEntry], picked_by: str) -> None:
+        """Insert many records in one executemany (where ``TaskRepository.
+        writes_history_with_finish`` is False; elsewhere the completion writes them)."""
         if not records:
             return
-        if self._unnest_history is None:
-            await self.tasks._rowcount(insert(self.tables.history), list(records))
-            return
-        params = {column: [r[column] for r in records] for column in _HISTORY_COLUMNS}
-        await self.tasks._rowcount(self._unnest_history, params)
+        rows = [
+            {
+                "task_name": r.task_name,
+                "task_instance": r.task_instance,
+                "execution_time": r.execution_time,
+                "picked_by": picked_by,
+                "started_at": r.started_at,
+                "finished_at": r.finished_at,
+                "outcome": r.outcome,
+                "error_class": r.error_class,
+                "error_message": r.error_message,
+            }
+            for r in records
+        ]
+        await self.tasks._rowcount(insert(self.tables.history), rows)
 
     async def history(
         self, task_name: str | None, *, limit: int = 50, before_id: int | None = None

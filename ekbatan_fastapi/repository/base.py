@@ -29,9 +29,107 @@ from sqlalchemy.sql import ColumnElement, Executable
 from ..errors import DatabaseTimeout, SchemaMissingError
 from ..operations.tables import PAUSED
 from ..schema import scheduled_tasks_table
-from .model import Finish, NewTask, Owned, PollResult, TaskKey, TaskRow
+from .model import Finish, HistoryEntry, NewTask, Owned, PollResult, TaskKey, TaskRow
 
-__all__ = ["PollingStrategy", "TaskRepository"]
+__all__ = ["HistoryTableMissing", "Lease", "PollingStrategy", "TaskRepository"]
+
+
+class HistoryTableMissing(Exception):
+    """The history table went away while ``finish`` wrote the history with the results."""
+
+
+_LEASE_IDLE = 1.0
+"""Seconds a lease keeps its idle connection before giving it back to the pool."""
+
+
+async def discard_connection(conn: AsyncConnection) -> None:
+    """Close a connection that must not be reused, at once.
+
+    SQLAlchemy's invalidation closes an asyncpg connection politely (a Terminate message, up to
+    2 s for the answer): on a connection that went silent that is 2 s lost, each time. The
+    driver's ``terminate()`` (asyncpg) closes the socket without a word first.
+    """
+    with contextlib.suppress(Exception):
+        raw = await conn.get_raw_connection()
+        terminate = getattr(raw.driver_connection, "terminate", None)
+        if callable(terminate):
+            terminate()
+    with contextlib.suppress(Exception):
+        await conn.invalidate()
+
+
+class Lease:
+    """One pooled connection that a busy loop keeps across its statements.
+
+    Checking a connection out of the pool and back costs more client CPU than a small
+    statement (SQLAlchemy's checkout, the AUTOCOMMIT switch and the reset on return), so the
+    poller, the completer and the history writer each hold one while they have work. A loop
+    calls ``idle()`` before it waits: the connection goes back to the pool after
+    ``_LEASE_IDLE`` seconds without use, so an idle scheduler holds none. Any error or
+    cancellation during a statement discards the connection (it is never reused).
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._conn: AsyncConnection | None = None
+        self._driver: Any = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def connection(self) -> AsyncConnection:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._conn is None:
+            self._conn = await self._engine.connect()
+        return self._conn
+
+    async def driver(self) -> Any:
+        """The driver's own connection (asyncpg's), for the statements that skip SQLAlchemy."""
+        conn = await self.connection()
+        if self._driver is None:
+            self._driver = (await conn.get_raw_connection()).driver_connection
+        return self._driver
+
+    def idle(self) -> None:
+        """The loop is about to wait: give the connection back unless it is used again soon."""
+        if self._conn is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(_LEASE_IDLE, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        conn, self._conn, self._driver = self._conn, None, None
+        if conn is not None:
+            task = asyncio.get_running_loop().create_task(self._close(conn, invalidate=False))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close(conn: AsyncConnection, *, invalidate: bool) -> None:
+        if invalidate:
+            await discard_connection(conn)
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+    async def discard(self) -> None:
+        """Drop the connection after an error: it is invalidated, never pooled again."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conn, self._conn, self._driver = self._conn, None, None
+        if conn is not None:
+            await self._close(conn, invalidate=True)
+
+    async def release(self) -> None:
+        """Give the connection back now (a loop that ends)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conn, self._conn, self._driver = self._conn, None, None
+        if conn is not None:
+            await self._close(conn, invalidate=False)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 class PollingStrategy:
@@ -52,6 +150,8 @@ class TaskRepository(abc.ABC):
     supports_skip_locked: bool = False
     supports_notify: bool = False
     """True where ``listen`` can push "something became due" to every instance."""
+    writes_history_with_finish: bool = False
+    """True where ``finish`` can insert the execution history in the same statement."""
 
     statement_timeout: float | None = 30.0
     """Seconds a statement (with its connection checkout) may take; None: unbounded. A
@@ -85,6 +185,30 @@ class TaskRepository(abc.ABC):
             "or call `await ekbatan_fastapi.create_schema(engine)` once at deployment"
         )
 
+    def lease(self) -> Lease:
+        """A connection holder for one busy loop (see ``Lease``)."""
+        return Lease(self.engine)
+
+    def _timeout_error(self) -> DatabaseTimeout:
+        return DatabaseTimeout(
+            f"no answer from the database within {self.statement_timeout:g}s "
+            "(statement_timeout); the connection was discarded"
+        )
+
+    @contextlib.asynccontextmanager
+    async def _leased(self, lease: Lease) -> AsyncIterator[Lease]:
+        """Run statements on ``lease``'s connection, bounded by ``statement_timeout``; on any
+        error the connection is discarded (a failed statement may have left it unusable)."""
+        try:
+            async with asyncio.timeout(self.statement_timeout):
+                yield lease
+        except TimeoutError:
+            await lease.discard()
+            raise self._timeout_error() from None
+        except BaseException:
+            await lease.discard()
+            raise
+
     @contextlib.asynccontextmanager
     async def _connect(
         self, engine: AsyncEngine | None = None, *, begin: bool = False
@@ -101,16 +225,13 @@ class TaskRepository(abc.ABC):
                     yield conn
             except TimeoutError:
                 if conn is not None:
-                    await conn.invalidate()
-                raise DatabaseTimeout(
-                    f"no answer from the database within {self.statement_timeout:g}s "
-                    "(statement_timeout); the connection was discarded"
-                ) from None
+                    await discard_connection(conn)
+                raise self._timeout_error() from None
             except asyncio.CancelledError:
                 # Interrupted mid-statement (a stopping loop): the driver may still wait for
                 # the answer or for its cancel request, so the connection is not reusable.
                 if conn is not None:
-                    await conn.invalidate()
+                    await discard_connection(conn)
                 raise
 
     async def _rows(self, stmt: Executable, params: Any = None) -> list[Any]:
@@ -303,7 +424,13 @@ class TaskRepository(abc.ABC):
 
     @abc.abstractmethod
     async def poll(
-        self, names: Sequence[str], limit: int, picked_by: str, strategy: str
+        self,
+        names: Sequence[str],
+        limit: int,
+        picked_by: str,
+        strategy: str,
+        *,
+        lease: Lease | None = None,
     ) -> PollResult:
         """Claim up to ``limit`` due rows (``picked=false AND execution_time <= now()``,
         ``priority DESC, execution_time ASC``) of ``names`` for ``picked_by``.
@@ -314,9 +441,19 @@ class TaskRepository(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def finish(self, items: Sequence[Finish]) -> set[TaskKey]:
+    async def finish(
+        self,
+        items: Sequence[Finish],
+        *,
+        lease: Lease | None = None,
+        history: Sequence[HistoryEntry] = (),
+        picked_by: str | None = None,
+    ) -> set[TaskKey]:
         """Record results; each write guarded by the owned version. Returns the keys recorded;
-        a key missing from the answer was lost to a revival and nothing was written for it."""
+        a key missing from the answer was lost to a revival and nothing was written for it.
+
+        ``history`` (only where ``writes_history_with_finish``): records inserted into the
+        history table by the same statement, ``superseded`` where no write matched."""
 
     @abc.abstractmethod
     async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:

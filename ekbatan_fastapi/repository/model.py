@@ -5,8 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum
+from typing import NamedTuple
 
-__all__ = ["Finish", "FinishKind", "NewTask", "Owned", "PollResult", "TaskKey", "TaskRow"]
+__all__ = [
+    "Finish",
+    "FinishKind",
+    "HistoryEntry",
+    "NewTask",
+    "Owned",
+    "PollResult",
+    "TaskKey",
+    "TaskRow",
+]
 
 TaskKey = tuple[str, str]
 """``(task_name, task_instance)``: the primary key."""
@@ -90,3 +100,22 @@ class PollResult:
     next_due: datetime | None
     more_due: bool = False
     """The poll saw a full batch of due rows (claimed or lost to a peer): poll again now."""
+
+
+class HistoryEntry(NamedTuple):
+    """One execution's record for ``ekbatan_execution_history``.
+
+    ``outcome`` is the outcome if the result is recorded; where the history is written with
+    the completion (``TaskRepository.writes_history_with_finish``) the statement itself turns
+    it into ``superseded`` when the version-guarded write matched no row.
+    """
+
+    task_name: str
+    task_instance: str
+    version: int
+    execution_time: datetime
+    started_at: datetime
+    finished_at: datetime
+    outcome: str
+    error_class: str | None
+    error_message: str | None

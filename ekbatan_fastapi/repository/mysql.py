@@ -33,8 +33,17 @@ from sqlalchemy.sql import ColumnElement, Executable
 from ..errors import SchemaMissingError
 from ..schema import UTCDateTime
 from . import mysql_statements as q
-from .base import PollingStrategy, TaskRepository
-from .model import Finish, FinishKind, NewTask, Owned, PollResult, TaskKey, TaskRow
+from .base import Lease, PollingStrategy, TaskRepository
+from .model import (
+    Finish,
+    FinishKind,
+    HistoryEntry,
+    NewTask,
+    Owned,
+    PollResult,
+    TaskKey,
+    TaskRow,
+)
 
 __all__ = ["MariaDBRepository", "MySQL5Repository", "MySQLRepository"]
 
@@ -258,10 +267,17 @@ class MySQLRepository(TaskRepository):
     # -- the hot path -----------------------------------------------------------------------
 
     async def poll(
-        self, names: Sequence[str], limit: int, picked_by: str, strategy: str
+        self,
+        names: Sequence[str],
+        limit: int,
+        picked_by: str,
+        strategy: str,
+        *,
+        lease: Lease | None = None,
     ) -> PollResult:
         """As the base says; ``next_due`` is None when the batch came back full (the poller
-        polls again at once and does not read it)."""
+        polls again at once and does not read it). The claim runs in transactions of its own
+        (``lease`` is not used)."""
         if strategy == PollingStrategy.LOCK_AND_FETCH:
             if not self.supports_skip_locked:
                 raise ValueError(f"{self.dialect_name} has no FOR UPDATE SKIP LOCKED")
@@ -327,7 +343,14 @@ class MySQLRepository(TaskRepository):
             for r in locked
         ]
 
-    async def finish(self, items: Sequence[Finish]) -> set[TaskKey]:
+    async def finish(
+        self,
+        items: Sequence[Finish],
+        *,
+        lease: Lease | None = None,
+        history: Sequence[HistoryEntry] = (),
+        picked_by: str | None = None,
+    ) -> set[TaskKey]:
         """One statement per kind of result, each guarded by the owned versions, in one
         transaction: when every row matched, all were recorded. Otherwise (rows revived
         meanwhile) that is rolled back, and a second transaction locks the rows in key order,

@@ -2,11 +2,17 @@
 
 Multi-row statements take their rows as parallel arrays (``unnest``), so the SQL text is the
 same for every batch size and asyncpg prepares it once per connection.
+
+The hot statements (claim, completion, heartbeat) run on the asyncpg connection under
+SQLAlchemy's pooled one, held by the calling loop's ``Lease``: SQLAlchemy's per-statement
+checkout, parameter processing and result rows cost several times what asyncpg itself does
+(see docs/BENCHMARKS.md), and these statements are all the scheduler sends under load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,15 +20,43 @@ from typing import Any
 from sqlalchemy import TextClause, text
 from sqlalchemy.exc import DBAPIError
 
-from .base import PollingStrategy, TaskRepository
-from .model import Finish, FinishKind, NewTask, Owned, PollResult, TaskKey, TaskRow
+from ..operations.tables import HISTORY
+from .base import (
+    HistoryTableMissing,
+    Lease,
+    PollingStrategy,
+    TaskRepository,
+    discard_connection,
+)
+from .model import (
+    Finish,
+    FinishKind,
+    HistoryEntry,
+    NewTask,
+    Owned,
+    PollResult,
+    TaskKey,
+    TaskRow,
+)
 
 __all__ = ["PostgresRepository"]
 
 _COLUMNS = (
-    "task_name, task_instance, task_data, execution_time, picked, picked_by, last_success, "
-    "last_failure, consecutive_failures, last_heartbeat, version, priority"
+    "task_name",
+    "task_instance",
+    "task_data",
+    "execution_time",
+    "picked",
+    "picked_by",
+    "last_success",
+    "last_failure",
+    "consecutive_failures",
+    "last_heartbeat",
+    "version",
+    "priority",
 )
+_RETURNING = ", ".join(f"t.{c}" for c in _COLUMNS)
+"""Claimed rows come back in this column order (decoded by position, see ``_task_row``)."""
 _NAMES = "CAST(:names AS text[])"
 _NEXT_DUE = (
     "(SELECT min(execution_time) FROM {t} WHERE picked = false AND execution_time > now() "
@@ -41,7 +75,7 @@ WITH due AS (
     SET picked = true, picked_by = :picked_by, last_heartbeat = now(), version = t.version + 1
     FROM due
     WHERE t.task_name = due.task_name AND t.task_instance = due.task_instance
-    RETURNING t.*
+    RETURNING %(returning)s
 )
 SELECT c.*, x.db_now, x.next_due
 FROM (SELECT now() AS db_now, %(next_due)s AS next_due) AS x
@@ -75,7 +109,7 @@ UPDATE {t} AS t
 SET picked = true, picked_by = :picked_by, last_heartbeat = now(), version = t.version + 1
 FROM candidates
 WHERE t.task_name = candidates.task_name AND t.task_instance = candidates.task_instance
-RETURNING t.*
+RETURNING %(returning)s
 """
 
 _FINISH = """
@@ -88,7 +122,7 @@ WITH d AS (
     DELETE FROM {t} AS t USING d
     WHERE d.kind = 3 AND t.task_name = d.task_name AND t.task_instance = d.task_instance
       AND t.version = d.version
-    RETURNING t.task_name, t.task_instance
+    RETURNING t.task_name, t.task_instance, d.version
 ), updated AS (
     UPDATE {t} AS t SET
         execution_time = COALESCE(d.next_time, t.execution_time),
@@ -103,12 +137,34 @@ WITH d AS (
     FROM d
     WHERE d.kind <> 3 AND t.task_name = d.task_name AND t.task_instance = d.task_instance
       AND t.version = d.version
-    RETURNING t.task_name, t.task_instance
-)
-SELECT task_name, task_instance FROM deleted
-UNION ALL
-SELECT task_name, task_instance FROM updated
+    RETURNING t.task_name, t.task_instance, d.version
+), done AS (
+    SELECT task_name, task_instance, version FROM deleted
+    UNION ALL
+    SELECT task_name, task_instance, version FROM updated
+)%(history)s
+SELECT task_name, task_instance FROM done
 """
+
+# The same completion also writing the execution history: one record per execution, its
+# outcome "superseded" where the version-guarded write above matched nothing (the row was
+# revived elsewhere). No separate statement, round trip or commit for the history.
+_FINISH_HISTORY = """, history AS (
+    INSERT INTO {h} (task_name, task_instance, execution_time, picked_by, started_at,
+                     finished_at, outcome, error_class, error_message)
+    SELECT e.task_name, e.task_instance, e.execution_time, :picked_by, e.started_at,
+           e.finished_at, CASE WHEN done.task_name IS NULL THEN 'superseded' ELSE e.outcome END,
+           e.error_class, e.error_message
+    FROM unnest(
+        CAST(:h_names AS text[]), CAST(:h_instances AS text[]), CAST(:h_versions AS bigint[]),
+        CAST(:h_times AS timestamptz[]), CAST(:h_started AS timestamptz[]),
+        CAST(:h_finished AS timestamptz[]), CAST(:h_outcomes AS text[]),
+        CAST(:h_classes AS text[]), CAST(:h_messages AS text[])
+    ) AS e(task_name, task_instance, version, execution_time, started_at, finished_at, outcome,
+           error_class, error_message)
+    LEFT JOIN done ON done.task_name = e.task_name AND done.task_instance = e.task_instance
+        AND done.version = e.version
+)"""
 
 _HEARTBEAT = """
 UPDATE {t} AS t SET last_heartbeat = now()
@@ -165,35 +221,91 @@ _REPLACE = """UPDATE SET execution_time = EXCLUDED.execution_time, task_data = E
     priority = EXCLUDED.priority, version = t.version + 1 WHERE t.picked = false"""
 
 
+_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
+
+
+_HISTORY_PARAMS = (
+    "h_names",
+    "h_instances",
+    "h_versions",
+    "h_times",
+    "h_started",
+    "h_finished",
+    "h_outcomes",
+    "h_classes",
+    "h_messages",
+)
+"""``_FINISH_HISTORY``'s arrays, in ``HistoryEntry``'s field order."""
+assert len(_HISTORY_PARAMS) == len(HistoryEntry._fields)
+
+
+class _Raw:
+    """A statement for asyncpg itself: ``:name`` parameters become ``$1``, ``$2``..."""
+
+    def __init__(self, template: str) -> None:
+        order: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in order:
+                order.append(match.group(1))
+            return f"${order.index(match.group(1)) + 1}"
+
+        self.template = template
+        """The text with ``:name`` parameters (what ``bench/db_limit.py`` hands to pgbench)."""
+        self.sql = _PARAMETER.sub(number, template)
+        self.order = tuple(order)
+
+    def args(self, params: dict[str, Any]) -> list[Any]:
+        return [params[name] for name in self.order]
+
+
+def _task_row(r: Any) -> TaskRow:
+    """A claimed row, by position (``_RETURNING``'s order); asyncpg returns aware times."""
+    return TaskRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
+
+
 class PostgresRepository(TaskRepository):
     """PostgreSQL 12+ (asyncpg)."""
 
     dialect_name = "postgresql"
     supports_skip_locked = True
     supports_notify = True
+    writes_history_with_finish = True
 
     def __init__(self, engine: Any, table_name: str) -> None:
         super().__init__(engine, table_name)
         quoted = ".".join(f'"{part}"' for part in table_name.split("."))
 
+        def fill(template: str, **parts: str) -> str:
+            return (template % parts if parts else template).replace("{t}", quoted)
+
         def sql(template: str, **parts: str) -> TextClause:
-            if parts:
-                template = template % parts
-            return text(template.replace("{t}", quoted))
+            return text(fill(template, **parts))
+
+        def raw(template: str, **parts: str) -> _Raw:
+            return _Raw(fill(template, **parts))
 
         wanted = f"task_name = ANY({_NAMES})"
         paused = ".".join(f'"{part}"' for part in self.pause_table_name.split("."))
         not_paused = f"{wanted} AND task_name NOT IN (SELECT task_name FROM {paused})"
-        self._poll_sql: dict[bool, tuple[TextClause, TextClause]] = {}
+        self._poll_sql: dict[bool, tuple[_Raw, _Raw]] = {}
         for with_pause, filter_ in ((False, wanted), (True, not_paused)):
-            parts = {"next_due": _NEXT_DUE % {"wanted": filter_}, "wanted": filter_}
+            parts = {
+                "next_due": _NEXT_DUE % {"wanted": filter_},
+                "wanted": filter_,
+                "returning": _RETURNING,
+            }
             self._poll_sql[with_pause] = (
-                sql(_LOCK_AND_FETCH, **parts),
-                sql(_FETCH_CANDIDATES, **parts),
+                raw(_LOCK_AND_FETCH, **parts),
+                raw(_FETCH_CANDIDATES, **parts),
             )
-        self._claim = sql(_CLAIM)
-        self._finish = sql(_FINISH)
-        self._heartbeat = sql(_HEARTBEAT)
+        self._claim = raw(_CLAIM, returning=_RETURNING)
+        schema = self.table.schema
+        self.history_table_name = f"{schema}.{HISTORY}" if schema else HISTORY
+        history = ".".join(f'"{part}"' for part in self.history_table_name.split("."))
+        self._finish = raw(_FINISH, history="")
+        self._finish_history = raw(_FINISH, history=_FINISH_HISTORY.replace("{h}", history))
+        self._heartbeat = raw(_HEARTBEAT)
         self._revive_dead = sql(_REVIVE_DEAD)
         self._insert_missing = sql(_INSERT_MISSING)
         self._upsert_keep = sql(_UPSERT.replace("{action}", "NOTHING"))
@@ -262,58 +374,88 @@ class PostgresRepository(TaskRepository):
             finally:
                 # Never back to the pool (it still listens), and no UNLISTEN: a connection that
                 # died silently would never answer it. Closing the session ends the LISTEN.
-                await conn.invalidate()
+                await discard_connection(conn)
         raise ConnectionError(f"the LISTEN connection on channel {self.channel} was lost")
 
+    async def _fetch(self, stmt: _Raw, params: dict[str, Any], lease: Lease | None) -> list[Any]:
+        """Run ``stmt`` on asyncpg directly, on ``lease``'s connection (or a pooled one)."""
+        held = lease if lease is not None else self.lease()
+        try:
+            async with self._leased(held):
+                driver = await held.driver()
+                return list(await driver.fetch(stmt.sql, *stmt.args(params)))
+        except Exception as error:
+            if getattr(error, "sqlstate", None) == "42P01":
+                if HISTORY in str(error):
+                    raise HistoryTableMissing(str(error)) from error
+                raise self.missing_table_error() from error
+            raise
+        finally:
+            if lease is None:
+                await held.release()
+
     async def poll(
-        self, names: Sequence[str], limit: int, picked_by: str, strategy: str
+        self,
+        names: Sequence[str],
+        limit: int,
+        picked_by: str,
+        strategy: str,
+        *,
+        lease: Lease | None = None,
     ) -> PollResult:
-        params: dict[str, Any] = {"names": list(names), "limit": limit}
+        params: dict[str, Any] = {"names": list(names), "limit": limit, "picked_by": picked_by}
         lock_and_fetch, fetch_candidates = self._poll_sql[self.pauses_enabled]
         if strategy == PollingStrategy.LOCK_AND_FETCH:
-            params["picked_by"] = picked_by
-            rows = await self._rows(lock_and_fetch, params)
-            claimed = [self.to_row(r) for r in rows if r._mapping["task_name"] is not None]
-            return PollResult(claimed, rows[0]._mapping["db_now"], rows[0]._mapping["next_due"])
-        rows = await self._rows(fetch_candidates, params)
-        db_now: datetime = rows[0]._mapping["db_now"]
-        next_due: datetime | None = rows[0]._mapping["next_due"]
-        candidates = [r for r in rows if r._mapping["task_name"] is not None]
+            rows = await self._fetch(lock_and_fetch, params, lease)
+            claimed = [_task_row(r) for r in rows if r[0] is not None]
+            return PollResult(claimed, rows[0][12], rows[0][13])
+        rows = await self._fetch(fetch_candidates, params, lease)
+        db_now: datetime = rows[0][3]
+        next_due: datetime | None = rows[0][4]
+        candidates = [r for r in rows if r[0] is not None]
         if not candidates:
             return PollResult([], db_now, next_due)
-        claimed_rows = await self._rows(
-            self._claim,
-            {
-                "names": [r[0] for r in candidates],
-                "instances": [r[1] for r in candidates],
-                "versions": [r[2] for r in candidates],
-                "picked_by": picked_by,
-            },
-        )
-        claimed = [self.to_row(r) for r in claimed_rows]
+        params["names"] = [r[0] for r in candidates]
+        params["instances"] = [r[1] for r in candidates]
+        params["versions"] = [r[2] for r in candidates]
+        claimed_rows = await self._fetch(self._claim, params, lease)
+        claimed = [_task_row(r) for r in claimed_rows]
         return PollResult(claimed, db_now, next_due, more_due=len(candidates) >= limit)
 
     @staticmethod
-    def _owned_params(owned: Sequence[Owned]) -> dict[str, list[Any]]:
+    def _owned_params(owned: Sequence[Owned]) -> dict[str, Any]:
         return {
             "names": [o.task_name for o in owned],
             "instances": [o.task_instance for o in owned],
             "versions": [o.version for o in owned],
         }
 
-    async def finish(self, items: Sequence[Finish]) -> set[TaskKey]:
-        if not items:
+    async def finish(
+        self,
+        items: Sequence[Finish],
+        *,
+        lease: Lease | None = None,
+        history: Sequence[HistoryEntry] = (),
+        picked_by: str | None = None,
+    ) -> set[TaskKey]:
+        if not items and not history:
             return set()
-        params: dict[str, list[Any]] = self._owned_params([i.owned for i in items])
+        params = self._owned_params([i.owned for i in items])
         params["next_times"] = [i.next_time for i in items]
         params["kinds"] = [int(i.kind) for i in items]
-        rows = await self._rows(self._finish, params)
+        stmt = self._finish
+        if history:
+            stmt = self._finish_history
+            columns = list(zip(*history, strict=True))
+            params.update(zip(_HISTORY_PARAMS, columns, strict=True))
+            params["picked_by"] = picked_by
+        rows = await self._fetch(stmt, params, lease)
         return {(r[0], r[1]) for r in rows}
 
     async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
         if not owned:
             return set()
-        rows = await self._rows(self._heartbeat, self._owned_params(owned))
+        rows = await self._fetch(self._heartbeat, self._owned_params(owned), None)
         return {(r[0], r[1]) for r in rows}
 
     async def revive_dead(self, names: Sequence[str], dead_after: timedelta) -> list[TaskRow]:
