@@ -371,7 +371,7 @@ class Scheduler(Housekeeping):
             if len(result.claimed) >= limit or result.more_due:
                 continue  # more may be due
             self._planned_due = result.next_due
-            lease.idle()
+            await lease.release()  # nothing more due now: an idle poller holds no connection
             await self._sleep(interval)
 
     def run_claimed(self, row: TaskRow) -> None:

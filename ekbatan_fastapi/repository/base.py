@@ -62,10 +62,11 @@ class Lease:
     """One pooled connection that a busy loop keeps across its statements.
 
     Checking a connection out of the pool and back costs more client CPU than a small
-    statement (SQLAlchemy's checkout, the AUTOCOMMIT switch and the reset on return), so the
-    poller, the completer and the history writer each hold one while they have work. A loop
-    calls ``idle()`` before it waits: the connection goes back to the pool after
-    ``_LEASE_IDLE`` seconds without use, so an idle scheduler holds none. Any error or
+    statement (SQLAlchemy's checkout, the AUTOCOMMIT switch and the reset on return), so on
+    PostgreSQL the poller and the completer each hold one while they have work: at most two
+    connections of the pool, besides the LISTEN connection. A loop calls ``idle()`` before a
+    short wait (the connection goes back to the pool after ``_LEASE_IDLE`` seconds without
+    use) and ``release()`` before a long one, so an idle scheduler holds none. Any error or
     cancellation during a statement discards the connection (it is never reused).
     """
 
