@@ -473,6 +473,7 @@ class Scheduler(Housekeeping):
 
     async def _completing(self) -> None:
         backoff = Backoff(self.config.polling_interval.total_seconds())
+        retrying = False  # the last attempt failed: it may have committed, its answer lost
         while True:
             if not self._pending:
                 if self._completer_closed:
@@ -505,9 +506,11 @@ class Scheduler(Housekeeping):
                 continue
             except Exception as error:
                 self._db_failed(error, "recording results")
+                retrying = True
                 await asyncio.sleep(backoff.next())
                 continue
             backoff.reset()
+            ambiguous, retrying = retrying, False
             del self._pending[: len(batch)]
             for finish, execution in batch:
                 key = execution.row.key
@@ -521,9 +524,13 @@ class Scheduler(Housekeeping):
                 if not ok:
                     log.warning(
                         "%s (slot %s) finished, but its row was revived by another instance "
-                        "meanwhile: result not recorded",
+                        "meanwhile: result not recorded%s",
                         execution.label,
                         execution.row.execution_time.isoformat(),
+                        " (or recorded by an earlier attempt of this write whose answer was "
+                        "lost to the database error)"
+                        if ambiguous
+                        else "",
                         extra=self._extra(execution.row),
                     )
                 elif (
