@@ -29,6 +29,10 @@ __all__ = ["Housekeeping"]
 log = logging.getLogger("ekbatan_fastapi.scheduler")
 
 _RESCHEDULE_GUARD = timedelta(seconds=10)
+_DEATH_MARGIN = 0.005
+"""Seconds after the next death to look (the comparison in SQL is strict)."""
+_MIN_EARLY_CHECK = 0.02
+"""Early dead-execution checks come at least this far apart (against clock skew)."""
 
 
 class Housekeeping:
@@ -51,6 +55,7 @@ class Housekeeping:
         _db_reachable: bool | None
         _last_error: str | None
         _last_unresolved_check: float
+        _next_death: datetime | None
 
         def db_time(self) -> datetime: ...
         def _observe_db_time(self, db_now: datetime, sent: datetime | None = None) -> None: ...
@@ -124,9 +129,24 @@ class Housekeeping:
                 log.info("%s is disabled: removed its row", name, extra={"task_name": name})
 
     async def _housekeeping_loop(self) -> None:
+        """A round per heartbeat interval; in between, a dead-execution check at the moment
+        the next picked row would become dead (so a crashed peer's executions are revived
+        within milliseconds of the dead window, not up to one interval later)."""
         interval = self.config.heartbeat_interval.total_seconds()
+        loop = asyncio.get_running_loop()
+        next_round = loop.time() + interval
         while True:
-            await asyncio.sleep(interval)
+            wake = next_round
+            if self._next_death is not None:
+                until = (self._next_death - self.db_time()).total_seconds() + _DEATH_MARGIN
+                wake = min(wake, loop.time() + max(until, _MIN_EARLY_CHECK))
+            await asyncio.sleep(max(0.0, wake - loop.time()))
+            if loop.time() < next_round:  # an early dead-execution check only
+                self._next_death = None
+                if not self._stopping and self._ready.is_set():
+                    await self._revive_dead()
+                continue
+            next_round = loop.time() + interval
             await self._heartbeat()
             if self._stopping or not self._ready.is_set():
                 continue
@@ -170,7 +190,9 @@ class Housekeeping:
 
     async def _revive_dead(self) -> None:
         try:
-            revived = await self.repository.revive_dead(self._active, self.config.dead_after)
+            revived, self._next_death = await self.repository.revive_and_watch(
+                self._active, self.config.dead_after
+            )
         except Exception as error:
             self._db_failed(error, "dead-execution check")
             return

@@ -123,6 +123,8 @@ class Scheduler(Housekeeping):
             now=self.db_time,
         )
         self._last_unresolved_check = -1e9
+        self._next_death: datetime | None = None
+        """When the next picked row would be dead (database time): check for it then."""
         self.observer = ObserverDispatch(config.observers, self.name)
         self.observer.attached(self)
 

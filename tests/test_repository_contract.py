@@ -255,6 +255,29 @@ async def test_revive_dead_keeps_the_slot_and_reports_the_row_as_it_was(
     assert await repo.revive_dead(["other"], timedelta(seconds=0)) == []
 
 
+async def test_revive_and_watch_says_when_the_next_picked_row_would_die(
+    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+) -> None:
+    assert await repo.revive_and_watch(["w"], timedelta(minutes=1)) == ([], None)
+    await _due_rows(any_engine, "w", 2)
+    assert await repo.revive_and_watch(["w"], timedelta(minutes=1)) == ([], None), "none picked"
+    claimed = (await repo.poll(["w"], 10, "peer", any_database.strategies[0])).claimed
+    older = await db_now(any_engine) - timedelta(seconds=20)
+    async with any_engine.begin() as conn:
+        await conn.execute(
+            update(T)
+            .where(T.c.task_instance == claimed[0].task_instance)
+            .values(last_heartbeat=older)
+        )
+    revived, next_death = await repo.revive_and_watch(["w"], timedelta(minutes=1))
+    assert revived == [] and next_death is not None
+    assert abs((next_death - (older + timedelta(minutes=1))).total_seconds()) < 0.01
+    revived, next_death = await repo.revive_and_watch(["w"], timedelta(seconds=10))
+    assert [r.task_instance for r in revived] == [claimed[0].task_instance]
+    assert next_death is not None, "the other picked row is still alive"
+    assert next_death > await db_now(any_engine)
+
+
 async def test_poll_skips_paused_task_names_once_pauses_are_enabled(
     repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
 ) -> None:

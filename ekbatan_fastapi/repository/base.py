@@ -466,6 +466,14 @@ class TaskRepository(abc.ABC):
         bumping ``version`` and keeping ``execution_time``. Returns the rows as they were
         before revival (``picked_by`` names the instance presumed dead)."""
 
+    async def revive_and_watch(
+        self, names: Sequence[str], dead_after: timedelta
+    ) -> tuple[list[TaskRow], datetime | None]:
+        """``revive_dead``, and when the next picked row of ``names`` would be dead if its
+        heartbeats stopped now (None: no picked row, or the dialect cannot tell), by the
+        database clock."""
+        return await self.revive_dead(names, dead_after), None
+
     # -- optional push notifications ------------------------------------------------------
 
     async def notify(self, execution_time: datetime | None) -> None:

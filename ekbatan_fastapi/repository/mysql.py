@@ -427,18 +427,27 @@ class MySQLRepository(TaskRepository):
             return {(r[0], r[1]) for r in result}
 
     async def revive_dead(self, names: Sequence[str], dead_after: timedelta) -> list[TaskRow]:
-        """A plain read finds candidates (the usual answer is none); a transaction then locks
-        them in key order, checks again that they are dead at the version seen, and unpicks."""
+        return (await self.revive_and_watch(names, dead_after))[0]
+
+    async def revive_and_watch(
+        self, names: Sequence[str], dead_after: timedelta
+    ) -> tuple[list[TaskRow], datetime | None]:
+        """A plain read finds candidates (the usual answer is none) and the next death; a
+        transaction then locks them in key order, checks again that they are dead at the
+        version seen, and unpicks."""
         if not names:
-            return []
+            return [], None
         dead_us = dead_after // timedelta(microseconds=1)
         async with self._errors(), self._connect() as conn:
-            result = await conn.execute(
-                self._dead_candidates, {"names": list(names), "dead_us": dead_us}
+            result = list(
+                await conn.execute(
+                    self._dead_candidates, {"names": list(names), "dead_us": dead_us}
+                )
             )
-            candidates = [(r[0], r[1], int(r[2])) for r in result]
+        candidates = [(r[0], r[1], int(r[2])) for r in result if r[0] is not None]
+        next_death = self.aware(next((r[3] for r in result if r[0] is None), None))
         if not candidates:
-            return []
+            return [], next_death
 
         async def run(conn: AsyncConnection) -> list[TaskRow]:
             locked = list(
@@ -450,7 +459,7 @@ class MySQLRepository(TaskRepository):
                 await conn.execute(self._release, {"owned": owned})
             return rows
 
-        return await self._transaction(run, read_committed=True)
+        return await self._transaction(run, read_committed=True), next_death
 
     def _aware(self, value: datetime | None) -> datetime:
         aware = self.aware(value)

@@ -102,9 +102,15 @@ WHERE {OWNED} IN :owned AND picked = 1
 """
 STILL_OWNED = f"SELECT task_name, task_instance FROM {{t}} WHERE {OWNED} IN :owned AND picked = 1"
 
+# The candidates, and (in the row with a NULL key) when the next picked row would die if its
+# heartbeats stopped now.
 DEAD_CANDIDATES = f"""
-SELECT task_name, task_instance, version FROM {{t}}
+SELECT task_name, task_instance, version, NULL AS next_death FROM {{t}}
 WHERE task_name IN :names AND {DEAD}
+UNION ALL
+SELECT NULL, NULL, NULL, MIN(last_heartbeat) + INTERVAL :dead_us MICROSECOND FROM {{t}}
+WHERE task_name IN :names AND picked = 1
+  AND last_heartbeat >= {NOW} - INTERVAL :dead_us MICROSECOND
 """
 LOCK_DEAD = f"""
 SELECT {COLUMNS} FROM {{t}}

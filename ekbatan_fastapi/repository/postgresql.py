@@ -175,6 +175,9 @@ WHERE t.task_name = d.task_name AND t.task_instance = d.task_instance
 RETURNING t.task_name, t.task_instance
 """
 
+# Also answers when the next picked row would die if its heartbeats stopped now: the
+# housekeeper looks again then, instead of at its next round (failover within milliseconds of
+# the dead window, not up to one heartbeat interval later).
 _REVIVE_DEAD = """
 WITH dead AS (
     SELECT task_name, task_instance, picked_by, last_heartbeat FROM {t}
@@ -182,14 +185,22 @@ WITH dead AS (
       AND (last_heartbeat IS NULL OR last_heartbeat < now() - CAST(:dead_after AS interval))
     ORDER BY task_name, task_instance
     FOR UPDATE SKIP LOCKED
+), revived AS (
+    UPDATE {t} AS t
+    SET picked = false, picked_by = NULL, last_heartbeat = NULL, version = t.version + 1
+    FROM dead
+    WHERE t.task_name = dead.task_name AND t.task_instance = dead.task_instance
+    RETURNING t.task_name, t.task_instance, t.task_data, t.execution_time, true AS picked,
+        dead.picked_by, t.last_success, t.last_failure, t.consecutive_failures,
+        dead.last_heartbeat, t.version - 1 AS version, t.priority
 )
-UPDATE {t} AS t
-SET picked = false, picked_by = NULL, last_heartbeat = NULL, version = t.version + 1
-FROM dead
-WHERE t.task_name = dead.task_name AND t.task_instance = dead.task_instance
-RETURNING t.task_name, t.task_instance, t.task_data, t.execution_time, true AS picked,
-    dead.picked_by, t.last_success, t.last_failure, t.consecutive_failures,
-    dead.last_heartbeat, t.version - 1 AS version, t.priority
+SELECT r.*, w.next_death
+FROM (
+    SELECT min(last_heartbeat) + CAST(:dead_after AS interval) AS next_death FROM {t}
+    WHERE picked = true AND task_name = ANY(CAST(:names AS text[]))
+      AND last_heartbeat >= now() - CAST(:dead_after AS interval)
+) AS w
+LEFT JOIN revived AS r ON true
 """
 
 _INSERT_MISSING = """
@@ -459,8 +470,14 @@ class PostgresRepository(TaskRepository):
         return {(r[0], r[1]) for r in rows}
 
     async def revive_dead(self, names: Sequence[str], dead_after: timedelta) -> list[TaskRow]:
+        return (await self.revive_and_watch(names, dead_after))[0]
+
+    async def revive_and_watch(
+        self, names: Sequence[str], dead_after: timedelta
+    ) -> tuple[list[TaskRow], datetime | None]:
         rows = await self._rows(self._revive_dead, {"names": list(names), "dead_after": dead_after})
-        return [self.to_row(r) for r in rows]
+        revived = [self.to_row(r) for r in rows if r[0] is not None]
+        return revived, rows[0]._mapping["next_death"]
 
 
 # _FINISH spells FinishKind's values as literals: 0 succeeded, 1 failed, 2 released, 3 deleted.
