@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from datetime import timedelta
-
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -52,4 +49,3 @@ async def test_a_dead_peer_execution_is_revived_when_its_dead_window_ends(
     # 0.75 s late. Allow for the event loop and statements of a loaded 2-core machine.
     assert -0.05 < late < 0.3, f"revived {late:.3f}s after the dead window ended"
     assert job.slots == [], "the slot is far in the future: revived, not run"
-    await asyncio.sleep(0)
