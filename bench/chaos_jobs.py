@@ -285,12 +285,14 @@ def _wrap_finish(method: Callable[..., Awaitable[set[TaskKey]]]) -> Callable[...
     return finish
 
 
-def _wrap_revive(method: Callable[..., Awaitable[list[TaskRow]]]) -> Callable[..., Any]:
+def _wrap_revive(
+    method: Callable[..., Awaitable[tuple[list[TaskRow], Any]]],
+) -> Callable[..., Any]:
     @functools.wraps(method)
-    async def revive_dead(
+    async def revive_and_watch(
         self: TaskRepository, names: Sequence[str], dead_after: timedelta
-    ) -> list[TaskRow]:
-        rows = await method(self, names, dead_after)
+    ) -> tuple[list[TaskRow], Any]:
+        rows, next_death = await method(self, names, dead_after)
         for row in rows:
             if row.task_name.startswith(PREFIX):
                 ledger().write(
@@ -302,14 +304,15 @@ def _wrap_revive(method: Callable[..., Awaitable[list[TaskRow]]]) -> Callable[..
                     owner=row.picked_by,
                     hb=row.last_heartbeat.timestamp() if row.last_heartbeat else None,
                 )
-        return rows
+        return rows, next_death
 
-    return revive_dead
+    return revive_and_watch
 
 
 def _install_probe() -> None:
-    """Wrap ``finish`` and ``revive_dead`` of every repository class that defines them: the
-    probe only observes (it calls through and returns the same answer)."""
+    """Wrap ``finish`` and ``revive_and_watch`` (the scheduler's dead-execution check;
+    ``revive_dead`` calls it) of every repository class that defines them: the probe only
+    observes (it calls through and returns the same answer)."""
     from ekbatan_fastapi.repository import mysql, postgresql
 
     for module in (postgresql, mysql):
@@ -318,8 +321,9 @@ def _install_probe() -> None:
                 continue
             if "finish" in value.__dict__ and not hasattr(value.finish, "__wrapped__"):
                 value.finish = _wrap_finish(value.finish)  # type: ignore[method-assign]
-            if "revive_dead" in value.__dict__ and not hasattr(value.revive_dead, "__wrapped__"):
-                value.revive_dead = _wrap_revive(value.revive_dead)  # type: ignore[method-assign]
+            watch = value.__dict__.get("revive_and_watch")
+            if watch is not None and not hasattr(watch, "__wrapped__"):
+                value.revive_and_watch = _wrap_revive(watch)  # type: ignore[method-assign]
 
 
 def _watchdog() -> None:
