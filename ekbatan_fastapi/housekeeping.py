@@ -141,7 +141,7 @@ class Housekeeping:
                 until = (self._next_death - self.db_time()).total_seconds() + _DEATH_MARGIN
                 wake = min(wake, loop.time() + max(until, _MIN_EARLY_CHECK))
             await asyncio.sleep(max(0.0, wake - loop.time()))
-            if loop.time() < next_round:  # an early dead-execution check only
+            if loop.time() < next_round - 0.001:  # an early dead-execution check only
                 self._next_death = None
                 if not self._stopping and self._ready.is_set():
                     await self._revive_dead()

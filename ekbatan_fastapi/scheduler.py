@@ -34,7 +34,12 @@ from .lag import LoopLagMonitor
 from .observer import ObserverDispatch, finished_event
 from .operations.recorder import OperationsRecorder
 from .operations.repository import OperationsRepository
-from .repository.base import HistoryTableMissing, PollingStrategy, TaskRepository
+from .repository.base import (
+    HistoryTableMissing,
+    HistoryUnwritable,
+    PollingStrategy,
+    TaskRepository,
+)
 from .repository.model import Finish, HistoryEntry, TaskKey, TaskRow
 from .schedules import Schedule
 from .status import ExecutionStatus, SchedulerStatus
@@ -429,15 +434,28 @@ class Scheduler(Housekeeping):
                 await asyncio.get_running_loop().run_in_executor(
                     self._threads, execution.job.execute, ctx
                 )
-        except asyncio.CancelledError:
-            if not self._stopping:
-                raise
-            cancelled = True
-            log.warning(
-                "%s cancelled at shutdown; its slot is released to run again",
-                execution.label,
-                extra=self._extra(execution.row),
-            )
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if self._stopping:
+                cancelled = True
+                log.warning(
+                    "%s cancelled at shutdown; its slot is released to run again",
+                    execution.label,
+                    extra=self._extra(execution.row),
+                )
+            elif task is not None and task.cancelling():
+                raise  # this execution's task itself is being cancelled (not by us)
+            else:
+                # The job raised CancelledError itself (a future it awaited was cancelled): a
+                # failure like any other. Re-raising would leave the row picked and
+                # heartbeated forever, its slot run by nobody.
+                error = exc
+                log.error(
+                    "%s (slot %s) failed: CancelledError raised by the job",
+                    execution.label,
+                    execution.row.execution_time.isoformat(),
+                    extra=self._extra(execution.row),
+                )
         except Exception as exc:
             error = exc
             log.exception(
@@ -484,6 +502,7 @@ class Scheduler(Housekeeping):
     async def _completing(self) -> None:
         backoff = Backoff(self.config.polling_interval.total_seconds())
         retrying = False  # the last attempt failed: it may have committed, its answer lost
+        history_refused = False  # the database refused this batch's history: send it without
         while True:
             if not self._pending:
                 if self._completer_closed:
@@ -503,16 +522,29 @@ class Scheduler(Housekeeping):
                 newest[owned.key] = max(newest.get(owned.key, owned.version), owned.version)
             current = [f for f, _ in batch if f.owned.version == newest[f.owned.key]]
             # Where the dialect can, the history is written by the completion statement itself.
-            inline = self.repository.writes_history_with_finish and self.recorder.enabled
+            inline = (
+                self.repository.writes_history_with_finish
+                and self.recorder.enabled
+                and not history_refused
+            )
             history: list[HistoryEntry] = (
                 [self.recorder.entry(e, f) for f, e in batch] if inline else []
             )
             try:
                 recorded = await self.repository.finish(
-                    current, lease=self._finish_lease, history=history, picked_by=self.name
+                    current,
+                    lease=self._finish_lease,
+                    history=history,
+                    picked_by=self.name,
+                    retry=retrying,
                 )
             except HistoryTableMissing as error:
                 self.recorder.table_lost(error)
+                continue
+            except HistoryUnwritable as error:
+                # Nothing was written: send the results again at once, without their history.
+                self.recorder.dropped(len(history), error)
+                history_refused = True
                 continue
             except Exception as error:
                 self._db_failed(error, "recording results")
@@ -520,7 +552,7 @@ class Scheduler(Housekeeping):
                 await asyncio.sleep(backoff.next())
                 continue
             backoff.reset()
-            ambiguous, retrying = retrying, False
+            ambiguous, retrying, history_refused = retrying, False, False
             del self._pending[: len(batch)]
             for finish, execution in batch:
                 key = execution.row.key

@@ -6,13 +6,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ekbatan_fastapi import Schedules, create_schema
+from ekbatan_fastapi import (
+    ConfigurationError,
+    DistributedJob,
+    ExecutionContext,
+    Schedule,
+    Schedules,
+    create_schema,
+)
 from ekbatan_fastapi.repository.base import Lease
+from ekbatan_fastapi.repository.model import Finish, FinishKind, HistoryEntry, Owned
+from ekbatan_fastapi.repository.postgresql import PostgresRepository
 
 from .helpers import CountingJob, RecordingJob, RegistryFactory, wait_until
 
@@ -120,3 +130,134 @@ async def test_history_table_dropped_while_running(
     assert await registry.client.get("count", "after") is None, "the one-time row was deleted"
     assert any("history table is gone" in r.getMessage() for r in caplog.records)
     await create_schema(engine)  # back, for the fixtures' clean-up
+
+
+class Raising(DistributedJob):
+    """Raises the exception it is given, every run."""
+
+    def __init__(self, name: str, error: BaseException) -> None:
+        self._name = name
+        self.error = error
+        self.runs = 0
+
+    def name(self) -> str:
+        return self._name
+
+    def schedule(self) -> Schedule:
+        return Schedules.fixed_delay(timedelta(hours=1))
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        self.runs += 1
+        raise self.error
+
+
+async def test_error_messages_any_database_refuses_are_stored_escaped(
+    any_registries: RegistryFactory,
+) -> None:
+    """A NUL (PostgreSQL's text refuses it) or a lone surrogate (not UTF-8: an undecodable
+    file name) in an error message must not keep the result from being recorded."""
+    nul = Raising("nul", ValueError("bad\x00byte"))
+    surrogate = Raising("surrogate", FileNotFoundError("no such file: b\udcffd"))
+    registry = await any_registries.start(nul, surrogate)
+
+    async def failed(name: str) -> bool:
+        task = await registry.client.get(name, "recurring")
+        return task is not None and task.consecutive_failures == 1 and not task.picked
+
+    await wait_until(lambda: failed("nul"), what="the NUL failure recorded")
+    await wait_until(lambda: failed("surrogate"), what="the surrogate failure recorded")
+    (record,) = await registry.client.history("nul")
+    assert record.outcome == "failed" and record.error_message == "bad\\x00byte"
+    (record,) = await registry.client.history("surrogate")
+    assert record.error_message == "no such file: b\\udcffd"
+
+
+async def test_a_job_raising_cancelled_error_fails_and_frees_its_row(
+    any_registries: RegistryFactory,
+) -> None:
+    job = Raising("cancels", asyncio.CancelledError())
+    registry = await any_registries.start(job)
+
+    async def failed() -> bool:
+        task = await registry.client.get("cancels", "recurring")
+        return task is not None and task.consecutive_failures == 1 and not task.picked
+
+    await wait_until(failed, what="the failure recorded and the row free")
+    assert not registry.scheduler.running
+    (record,) = await registry.client.history("cancels")
+    assert record.outcome == "failed" and record.error_class == "CancelledError"
+
+
+async def test_history_the_database_refuses_does_not_hold_up_the_results(
+    registries: RegistryFactory, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with engine.begin() as conn:  # a history the database will refuse (23514)
+        await conn.execute(
+            text(
+                "ALTER TABLE ekbatan_execution_history "
+                "ADD CONSTRAINT no_failures CHECK (outcome <> 'failed')"
+            )
+        )
+    bad = Raising("refused", RuntimeError("boom"))
+    later = CountingJob()
+    with caplog.at_level(logging.WARNING, logger="ekbatan_fastapi"):
+        registry = await registries.start(bad, later)
+
+        async def recorded() -> bool:
+            task = await registry.client.get("refused", "recurring")
+            return task is not None and not task.picked and task.consecutive_failures == 1
+
+        await wait_until(recorded, what="the failure recorded without its history")
+    assert any("refused the history" in r.getMessage() for r in caplog.records)
+    assert await registry.client.history("refused") == []
+    await registry.client.schedule("count", "later")  # the next batch has its history again
+    await wait_until(lambda: later.runs["later"] == 1, what="a later run")
+
+    async def written() -> bool:
+        return len(await registry.client.history("count")) == 1
+
+    await wait_until(written, what="the later run's history")
+
+
+async def test_a_retried_completion_does_not_write_its_history_twice(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    """The first attempt committed but its answer was lost: the retry (retry=True) matches no
+    row, and must not add a "superseded" record next to the real one."""
+    job = CountingJob()
+    registry = registries.build(job)
+    repository = registry.repository
+    await create_schema(engine)
+    await registry.client.schedule("count", "once")
+    result = await repository.poll(["count"], 10, "me", "lock-and-fetch")
+    (row,) = result.claimed
+    finish = Finish(Owned(row.task_name, row.task_instance, row.version), FinishKind.DELETED)
+    now = result.db_now
+    entry = HistoryEntry(
+        row.task_name, row.task_instance, row.version, row.execution_time, now, now,
+        "succeeded", None, None,
+    )  # fmt: skip
+    assert await repository.finish([finish], history=[entry], picked_by="me") == {row.key}
+    assert await repository.finish([finish], history=[entry], picked_by="me", retry=True) == set()
+    async with engine.connect() as conn:
+        outcomes = (
+            (await conn.execute(text("SELECT outcome FROM ekbatan_execution_history")))
+            .scalars()
+            .all()
+        )
+    assert outcomes == ["succeeded"]
+    # Without retry=True a rejected result is a superseded one (its row was revived).
+    assert await repository.finish([finish], history=[entry], picked_by="me") == set()
+    async with engine.connect() as conn:
+        outcomes = (
+            (await conn.execute(text("SELECT outcome FROM ekbatan_execution_history ORDER BY id")))
+            .scalars()
+            .all()
+        )
+    assert outcomes == ["succeeded", "superseded"]
+
+
+def test_the_postgresql_dialect_needs_asyncpg() -> None:
+    engine = SimpleNamespace(dialect=SimpleNamespace(driver="psycopg"))
+    with pytest.raises(ConfigurationError, match=r"postgresql\+asyncpg://"):
+        PostgresRepository(engine, "scheduled_tasks")

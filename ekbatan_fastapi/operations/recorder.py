@@ -38,6 +38,13 @@ _INSTANCE_RETENTION = timedelta(days=1)
 _RECHECK_MISSING = 30.0
 
 
+def _storable(text: str, limit: int) -> str:
+    """Text any database column takes: no NUL (PostgreSQL refuses it), no lone surrogates (not
+    encodable as UTF-8, e.g. from an undecodable file name), at most ``limit`` characters."""
+    text = text[:limit].replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
+
+
 def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> Outcome:
     if not recorded:
         return Outcome.SUPERSEDED
@@ -131,8 +138,20 @@ class OperationsRecorder:
             execution.started,
             execution.finished_at or execution.started,
             outcome_of(finish, recorded, error).value,
-            None if error is None else type(error).__qualname__[:200],
-            None if error is None else str(error)[:_MESSAGE_LIMIT],
+            None if error is None else _storable(type(error).__qualname__, 200),
+            None if error is None else _storable(str(error), _MESSAGE_LIMIT),
+        )
+
+    def dropped(self, count: int, error: BaseException) -> None:
+        """The database refused a batch's history (its results are sent without it)."""
+        self._dropped += count
+        log.warning(
+            "scheduler %s: the database refused the history of %d executions (%s); their "
+            "results are recorded without it",
+            self.name,
+            count,
+            error,
+            extra={"scheduler": self.name},
         )
 
     def record(self, execution: Execution, finish: Finish, recorded: bool) -> None:

@@ -31,10 +31,21 @@ from ..operations.tables import PAUSED
 from ..schema import scheduled_tasks_table
 from .model import Finish, HistoryEntry, NewTask, Owned, PollResult, TaskKey, TaskRow
 
-__all__ = ["HistoryTableMissing", "Lease", "PollingStrategy", "TaskRepository"]
+__all__ = [
+    "HistoryTableMissing",
+    "HistoryUnwritable",
+    "Lease",
+    "PollingStrategy",
+    "TaskRepository",
+]
 
 
-class HistoryTableMissing(Exception):
+class HistoryUnwritable(Exception):
+    """``finish`` failed because of the history it was to write with the results (a value or
+    a permission the database refused); nothing was written. Send the results without it."""
+
+
+class HistoryTableMissing(HistoryUnwritable):
     """The history table went away while ``finish`` wrote the history with the results."""
 
 
@@ -449,12 +460,15 @@ class TaskRepository(abc.ABC):
         lease: Lease | None = None,
         history: Sequence[HistoryEntry] = (),
         picked_by: str | None = None,
+        retry: bool = False,
     ) -> set[TaskKey]:
         """Record results; each write guarded by the owned version. Returns the keys recorded;
         a key missing from the answer was lost to a revival and nothing was written for it.
 
         ``history`` (only where ``writes_history_with_finish``): records inserted into the
-        history table by the same statement, ``superseded`` where no write matched."""
+        history table by the same statement, ``superseded`` where no write matched. ``retry``:
+        an earlier attempt of the same batch failed and may have committed (its answer lost):
+        records already in the table are not written again."""
 
     @abc.abstractmethod
     async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:

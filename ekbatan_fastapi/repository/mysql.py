@@ -350,6 +350,7 @@ class MySQLRepository(TaskRepository):
         lease: Lease | None = None,
         history: Sequence[HistoryEntry] = (),
         picked_by: str | None = None,
+        retry: bool = False,
     ) -> set[TaskKey]:
         """One statement per kind of result, each guarded by the owned versions, in one
         transaction: when every row matched, all were recorded. Otherwise (rows revived

@@ -20,9 +20,11 @@ from typing import Any
 from sqlalchemy import TextClause, text
 from sqlalchemy.exc import DBAPIError
 
+from ..errors import ConfigurationError
 from ..operations.tables import HISTORY
 from .base import (
     HistoryTableMissing,
+    HistoryUnwritable,
     Lease,
     PollingStrategy,
     TaskRepository,
@@ -163,8 +165,18 @@ _FINISH_HISTORY = """, history AS (
     ) AS e(task_name, task_instance, version, execution_time, started_at, finished_at, outcome,
            error_class, error_message)
     LEFT JOIN done ON done.task_name = e.task_name AND done.task_instance = e.task_instance
-        AND done.version = e.version
+        AND done.version = e.version%(unwritten)s
 )"""
+
+# On a retry after an error, an earlier attempt may have committed (its answer was lost): its
+# records are in the table already, and the retry's writes match nothing. Not again.
+_NOT_WRITTEN = """
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {h} AS w
+        WHERE w.task_name = e.task_name AND w.task_instance = e.task_instance
+          AND w.execution_time = e.execution_time AND w.started_at = e.started_at
+          AND w.picked_by = :picked_by
+    )"""
 
 _HEARTBEAT = """
 UPDATE {t} AS t SET last_heartbeat = now()
@@ -270,6 +282,15 @@ class _Raw:
         return [params[name] for name in self.order]
 
 
+def _refused_value(error: BaseException) -> bool:
+    """A statement the database (or asyncpg, encoding it) refused as a whole: a data,
+    integrity, syntax or permission error, not a lost connection or a timeout."""
+    sqlstate = getattr(error, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate[:2] in ("22", "23", "42")
+    return isinstance(error, UnicodeError | ValueError)
+
+
 def _task_row(r: Any) -> TaskRow:
     """A claimed row, by position (``_RETURNING``'s order); asyncpg returns aware times."""
     return TaskRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
@@ -284,6 +305,12 @@ class PostgresRepository(TaskRepository):
     writes_history_with_finish = True
 
     def __init__(self, engine: Any, table_name: str) -> None:
+        driver = getattr(getattr(engine, "dialect", None), "driver", "asyncpg")
+        if driver != "asyncpg":
+            raise ConfigurationError(
+                f"the PostgreSQL dialect needs the asyncpg driver, got {driver!r}: use a "
+                "postgresql+asyncpg:// URL (or an engine created from one)"
+            )
         super().__init__(engine, table_name)
         quoted = ".".join(f'"{part}"' for part in table_name.split("."))
 
@@ -315,7 +342,15 @@ class PostgresRepository(TaskRepository):
         self.history_table_name = f"{schema}.{HISTORY}" if schema else HISTORY
         history = ".".join(f'"{part}"' for part in self.history_table_name.split("."))
         self._finish = raw(_FINISH, history="")
-        self._finish_history = raw(_FINISH, history=_FINISH_HISTORY.replace("{h}", history))
+        self._finish_history = {
+            retry: raw(
+                _FINISH,
+                history=(_FINISH_HISTORY % {"unwritten": _NOT_WRITTEN if retry else ""}).replace(
+                    "{h}", history
+                ),
+            )
+            for retry in (False, True)
+        }
         self._heartbeat = raw(_HEARTBEAT)
         self._revive_dead = sql(_REVIVE_DEAD)
         self._insert_missing = sql(_INSERT_MISSING)
@@ -448,19 +483,29 @@ class PostgresRepository(TaskRepository):
         lease: Lease | None = None,
         history: Sequence[HistoryEntry] = (),
         picked_by: str | None = None,
+        retry: bool = False,
     ) -> set[TaskKey]:
         if not items and not history:
             return set()
         params = self._owned_params([i.owned for i in items])
         params["next_times"] = [i.next_time for i in items]
         params["kinds"] = [int(i.kind) for i in items]
-        stmt = self._finish
-        if history:
-            stmt = self._finish_history
-            columns = list(zip(*history, strict=True))
-            params.update(zip(_HISTORY_PARAMS, columns, strict=True))
-            params["picked_by"] = picked_by
-        rows = await self._fetch(stmt, params, lease)
+        if not history:
+            rows = await self._fetch(self._finish, params, lease)
+            return {(r[0], r[1]) for r in rows}
+        columns = list(zip(*history, strict=True))
+        params.update(zip(_HISTORY_PARAMS, columns, strict=True))
+        params["picked_by"] = picked_by
+        try:
+            rows = await self._fetch(self._finish_history[retry], params, lease)
+        except HistoryTableMissing:
+            raise
+        except Exception as error:
+            if not _refused_value(error):
+                raise
+            # The statement failed as a whole (nothing written): because of the history's
+            # values or a permission on its table. The results must not wait for it.
+            raise HistoryUnwritable(f"{type(error).__name__}: {error}") from error
         return {(r[0], r[1]) for r in rows}
 
     async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
