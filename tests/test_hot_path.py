@@ -164,8 +164,12 @@ async def test_error_messages_any_database_refuses_are_stored_escaped(
         task = await registry.client.get(name, "recurring")
         return task is not None and task.consecutive_failures == 1 and not task.picked
 
-    await wait_until(lambda: failed("nul"), what="the NUL failure recorded")
-    await wait_until(lambda: failed("surrogate"), what="the surrogate failure recorded")
+    async def written(name: str) -> bool:  # (MySQL/MariaDB write it a moment later)
+        return len(await registry.client.history(name)) == 1
+
+    for name in ("nul", "surrogate"):
+        await wait_until(lambda n=name: failed(n), what=f"the {name} failure recorded")
+        await wait_until(lambda n=name: written(n), what=f"the {name} history")
     (record,) = await registry.client.history("nul")
     assert record.outcome == "failed" and record.error_message == "bad\\x00byte"
     (record,) = await registry.client.history("surrogate")
@@ -184,6 +188,11 @@ async def test_a_job_raising_cancelled_error_fails_and_frees_its_row(
 
     await wait_until(failed, what="the failure recorded and the row free")
     assert not registry.scheduler.running
+
+    async def written() -> bool:  # (MySQL/MariaDB write it a moment later)
+        return len(await registry.client.history("cancels")) == 1
+
+    await wait_until(written, what="the history record")
     (record,) = await registry.client.history("cancels")
     assert record.outcome == "failed" and record.error_class == "CancelledError"
 
