@@ -90,7 +90,7 @@ def _repository_sql() -> dict[str, str]:
         "fetch_candidates": fetch_candidates.template,
         "claim": repo._claim.template,
         "finish": repo._finish.template,
-        "finish_history": repo._finish_history.template,
+        "finish_history": repo._finish_history[False].template,
     }
 
 
