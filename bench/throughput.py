@@ -28,7 +28,6 @@ import contextlib
 import cProfile
 import dataclasses
 import datetime as dt
-import ipaddress
 import json
 import os
 import platform
@@ -49,6 +48,11 @@ from sqlalchemy import insert, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+
+try:
+    from bench.common import check_local
+except ImportError:  # run as a script: bench/ is on sys.path
+    from common import check_local  # type: ignore[no-redef]
 
 T = TypeVar("T")
 THIS_FILE = Path(__file__).resolve()
@@ -285,23 +289,6 @@ def format_table(summaries: Sequence[Summary], n: int) -> str:
 
 
 # -- database helpers ---------------------------------------------------------------------
-
-
-def check_local(url: str) -> None:
-    """Refuse any server that is not on this machine (loopback or a Unix socket)."""
-    parsed = make_url(url)
-    socket_dir = parsed.query.get("host")
-    if isinstance(socket_dir, str) and socket_dir.startswith("/"):
-        return
-    host = parsed.host
-    if host is None or host == "localhost":
-        return
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    except ValueError:
-        pass
-    raise SystemExit(f"refusing {host!r}: the benchmark only talks to a server on this machine")
 
 
 def is_mysql(url: str) -> bool:

@@ -450,25 +450,21 @@ class Scheduler(Housekeeping):
                 # failure like any other. Re-raising would leave the row picked and
                 # heartbeated forever, its slot run by nobody.
                 error = exc
-                log.error(
-                    "%s (slot %s) failed: CancelledError raised by the job",
-                    execution.label,
-                    execution.row.execution_time.isoformat(),
-                    extra=self._extra(execution.row),
-                )
         except Exception as exc:
             error = exc
-            log.exception(
-                "%s (slot %s) failed",
-                execution.label,
-                execution.row.execution_time.isoformat(),
-                extra=self._extra(execution.row),
-            )
         finally:
             self._executing -= 1
             if self._waiting_for_capacity:
                 self._waiting_for_capacity = False
                 self.request_poll()
+        if error is not None:
+            log.error(
+                "%s (slot %s) failed",
+                execution.label,
+                execution.row.execution_time.isoformat(),
+                exc_info=error,
+                extra=self._extra(execution.row),
+            )
         execution.error = error
         execution.duration = self.clock.monotonic() - began
         execution.finished_at = self.db_time()

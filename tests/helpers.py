@@ -106,6 +106,22 @@ class CountingJob(OneTimeJob):
         self.data[ctx.task_instance] = ctx.data
 
 
+def fail_writes(repository: Any) -> Callable[[], None]:
+    """Make the repository's result and heartbeat writes fail as if the database were away
+    (polls still work); returns the call that brings them back."""
+
+    async def down(*_args: object, **_kwargs: object) -> set[tuple[str, str]]:
+        raise OSError("the database is away")
+
+    repository.finish = down
+    repository.heartbeat = down
+
+    def back() -> None:
+        del repository.finish, repository.heartbeat
+
+    return back
+
+
 class RegistryFactory:
     """Builds registries with test-sized intervals; closes them and checks their pools."""
 

@@ -235,17 +235,25 @@ def test_junk_yaml_files_are_refused_with_a_configuration_error(
         assert str(error)
 
 
+def _free_text(max_size: int, alphabet: str | None = None) -> st.SearchStrategy[str]:
+    """Text around the password placeholder, never the placeholder itself: newer Hypothesis
+    also tries the module's string literals, and a host or database named "PASSWORD" would put
+    the password where a URL's visible parts are."""
+    text = st.text(alphabet, max_size=max_size) if alphabet else st.text(max_size=max_size)
+    return text.filter(lambda value: "PASSWORD" not in value)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     url=st.one_of(
-        st.text(max_size=40),
+        _free_text(40),
         st.builds(
             "{}://{}:{}@{}/{}".format,
             st.sampled_from(["postgresql+asyncpg", "mysql+asyncmy", "jdbc:postgresql", "", "x"]),
-            st.text(string.ascii_letters, max_size=5),
+            _free_text(5, string.ascii_letters),
             st.just("PASSWORD"),
-            st.text(max_size=12),
-            st.text(max_size=8),
+            _free_text(12),
+            _free_text(8),
         ),
     ),
     jdbc=st.booleans(),

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bench.chaos_cluster import Proxy
 from ekbatan_fastapi import ExecutionContext, JobRegistry, OneTimeJob, Schedules
 
-from .helpers import RecordingJob, RegistryFactory, wait_until
+from .helpers import RecordingJob, RegistryFactory, fail_writes, wait_until
 
 
 def _run_in_thread(
@@ -136,19 +136,13 @@ async def test_a_stale_and_a_fresh_result_of_one_row_in_one_batch_are_told_apart
     "succeeded" and the log did not say the result was superseded."""
     job = RecordingJob("once-an-hour", Schedules.fixed_delay(timedelta(hours=1)))
     registry = await any_registries.start(job)
-    repository = registry.repository
-
-    async def down(*_args: object, **_kwargs: object) -> set[tuple[str, str]]:
-        raise OSError("the database is away")
-
-    repository.finish = down  # type: ignore[method-assign,assignment]
-    repository.heartbeat = down  # type: ignore[method-assign,assignment]
+    database_back = fail_writes(registry.repository)
     await wait_until(lambda: len(job.slots) >= 1, what="the first run")
     # the row is revived by this instance itself (its heartbeats fail) and run again
     await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun")
     await wait_until(lambda: len(registry.scheduler._pending) == 2, what="both results pending")
     with caplog.at_level(logging.WARNING, logger="ekbatan_fastapi"):
-        del repository.finish, repository.heartbeat  # the database is back
+        database_back()
         await wait_until(lambda: not registry.scheduler._pending, what="the results recorded")
     superseded = [r for r in caplog.records if "result not recorded" in r.getMessage()]
     assert len(superseded) == 1, [r.getMessage() for r in caplog.records]
@@ -179,15 +173,9 @@ async def test_a_stale_result_does_not_unregister_the_rerun_of_its_row(
     whose heartbeats then stopped; the rerun was revived and run a third time."""
     job = BlockOnRerun()
     registry = await any_registries.start(job)
-    repository = registry.repository
-
-    async def down(*_args: object, **_kwargs: object) -> set[tuple[str, str]]:
-        raise OSError("the database is away")
-
-    repository.finish = down  # type: ignore[method-assign,assignment]
-    repository.heartbeat = down  # type: ignore[method-assign,assignment]
+    database_back = fail_writes(registry.repository)
     await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun")
-    del repository.finish, repository.heartbeat  # back: only the stale result is pending
+    database_back()  # only the stale result is pending
     await wait_until(lambda: not registry.scheduler._pending, what="the stale result rejected")
     await asyncio.sleep(2 * registry.config.dead_after.total_seconds())
     assert len(job.slots) == 2, "the rerun lost its heartbeats and was revived"

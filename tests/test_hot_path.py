@@ -24,7 +24,7 @@ from ekbatan_fastapi.repository.base import Lease
 from ekbatan_fastapi.repository.model import Finish, FinishKind, HistoryEntry, Owned
 from ekbatan_fastapi.repository.postgresql import PostgresRepository
 
-from .helpers import CountingJob, RecordingJob, RegistryFactory, wait_until
+from .helpers import CountingJob, RecordingJob, RegistryFactory, fail_writes, wait_until
 
 
 def _checked_out(engine: object) -> int:
@@ -97,16 +97,10 @@ async def test_history_of_a_stale_and_a_fresh_result_in_one_completion(
     version matches nothing), the fresh one's as succeeded."""
     job = RecordingJob("twice", Schedules.fixed_delay(timedelta(hours=1)))
     registry = await registries.start(job)
-    repository = registry.repository
-
-    async def down(*_args: object, **_kwargs: object) -> set[tuple[str, str]]:
-        raise OSError("the database is away")
-
-    repository.finish = down  # type: ignore[method-assign,assignment]
-    repository.heartbeat = down  # type: ignore[method-assign,assignment]
+    database_back = fail_writes(registry.repository)
     await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun after revival")
     await wait_until(lambda: len(registry.scheduler._pending) == 2, what="both results pending")
-    del repository.finish, repository.heartbeat
+    database_back()
     await wait_until(lambda: not registry.scheduler._pending, what="the results written")
     outcomes = sorted(r.outcome for r in await registry.client.history("twice"))
     assert outcomes == ["succeeded", "superseded"]

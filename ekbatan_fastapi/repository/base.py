@@ -108,9 +108,17 @@ class Lease:
         if self._conn is not None and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(_LEASE_IDLE, self._expire)
 
+    def _detach(self) -> AsyncConnection | None:
+        """Forget the connection (and a pending idle release); the caller closes it."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conn, self._conn, self._driver = self._conn, None, None
+        return conn
+
     def _expire(self) -> None:
         self._timer = None
-        conn, self._conn, self._driver = self._conn, None, None
+        conn = self._detach()
         if conn is not None:
             task = asyncio.get_running_loop().create_task(self._close(conn, invalidate=False))
             self._closing.add(task)
@@ -125,19 +133,13 @@ class Lease:
 
     async def discard(self) -> None:
         """Drop the connection after an error: it is invalidated, never pooled again."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        conn, self._conn, self._driver = self._conn, None, None
+        conn = self._detach()
         if conn is not None:
             await self._close(conn, invalidate=True)
 
     async def release(self) -> None:
         """Give the connection back now (a loop that ends)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        conn, self._conn, self._driver = self._conn, None, None
+        conn = self._detach()
         if conn is not None:
             await self._close(conn, invalidate=False)
         if self._closing:
