@@ -8,12 +8,13 @@ _MIN = 0.05
 
 
 class Backoff:
-    """Exponential backoff from 50 ms up to ``cap`` seconds (the polling interval, so that a
-    database that comes back is used again within one interval)."""
+    """Exponential backoff from ``floor`` (50 ms) up to ``cap`` seconds (the polling interval,
+    so that a database that comes back is used again within one interval)."""
 
-    def __init__(self, cap: float) -> None:
-        self.cap = max(cap, _MIN)
-        self.current = _MIN
+    def __init__(self, cap: float, floor: float = _MIN) -> None:
+        self.floor = floor
+        self.cap = max(cap, floor)
+        self.current = floor
 
     def next(self) -> float:
         value = self.current
@@ -21,4 +22,4 @@ class Backoff:
         return value
 
     def reset(self) -> None:
-        self.current = _MIN
+        self.current = self.floor

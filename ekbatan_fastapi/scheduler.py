@@ -352,6 +352,7 @@ class Scheduler(Housekeeping):
             await self._bootstrap()
         backoff = Backoff(self.config.polling_interval.total_seconds())
         interval = self.config.polling_interval.total_seconds()
+        contended = Backoff(interval, floor=0.005)
         lease = self._poll_lease
         while not self._stopping:
             limit = self.batch_size - self._executing
@@ -385,7 +386,15 @@ class Scheduler(Housekeeping):
             # won some; sleeping now would leave a full table to the winners for a whole interval.
             if len(result.claimed) >= limit or result.more_due:
                 continue  # more may be due
-            self._planned_due = result.next_due
+            if result.next_due is not None and result.next_due <= result.db_now:
+                # A due row this poll did not get: a peer's lock hid it, which is a claim in
+                # flight or only a peer's scan. Look again soon, backing off in case the lock
+                # is long held, rather than leave the slot to the next polling interval.
+                retry = timedelta(seconds=contended.next())
+                self._planned_due = result.db_now + retry
+            else:
+                contended.reset()
+                self._planned_due = result.next_due
             await lease.release()  # nothing more due now: an idle poller holds no connection
             await self._sleep(interval)
 

@@ -451,7 +451,9 @@ class TaskRepository(abc.ABC):
 
         A claim sets ``picked=true, picked_by, last_heartbeat=now(), version=version+1`` and is
         exclusive: a row is claimed by at most one caller. Also returns the database's now and
-        the earliest future ``execution_time`` of an unpicked row of ``names``.
+        the earliest future ``execution_time`` of an unpicked row of ``names``; a dialect may
+        return an earlier one when a due row was left unclaimed (a peer held its lock), and the
+        scheduler then polls again soon.
         """
 
     @abc.abstractmethod

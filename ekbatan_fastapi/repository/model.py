@@ -93,7 +93,9 @@ class Finish:
 
 @dataclass(frozen=True, slots=True)
 class PollResult:
-    """Rows this instance claimed, the database's clock, and the earliest future due time."""
+    """Rows this instance claimed, the database's clock, and the earliest due time of a row
+    left unpicked: in the future, or at most ``db_now`` when a due row was left to a peer's lock
+    (see ``TaskRepository.poll``)."""
 
     claimed: list[TaskRow]
     db_now: datetime

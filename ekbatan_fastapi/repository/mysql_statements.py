@@ -59,7 +59,13 @@ LIMIT :limit
 FOR UPDATE SKIP LOCKED
 """
 
-CLOCK = f"SELECT {NOW} AS db_now, {NEXT_DUE} AS next_due"
+# Lock-and-fetch, after the claim and in its transaction: the clock and the earliest unpicked
+# time, due or not. A due time here is a row this poll did not get: a peer held its lock (a
+# peer's claim, or a peer's scan that locks a row while it checks it), or it came due between
+# LOCK_DUE's clock and this one. The scheduler then looks again soon instead of a poll
+# interval later.
+EARLIEST = "(SELECT MIN(execution_time) FROM {t} WHERE picked = 0 AND %(wanted)s)"
+CLOCK = f"SELECT {NOW} AS db_now, {EARLIEST} AS next_due"
 
 CLAIM = f"""
 UPDATE {{t}} SET picked = 1, picked_by = :picked_by, last_heartbeat = :now, version = version + 1

@@ -79,8 +79,18 @@ WITH due AS (
     WHERE t.task_name = due.task_name AND t.task_instance = due.task_instance
     RETURNING %(returning)s
 )
-SELECT c.*, x.db_now, x.next_due
-FROM (SELECT now() AS db_now, %(next_due)s AS next_due) AS x
+SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due)
+FROM (
+    SELECT now() AS db_now, %(next_due)s AS next_due,
+        -- a due row this statement did not claim although the batch had room: another
+        -- transaction held it locked (a peer's claim, or anybody's lock); the scheduler then
+        -- looks again soon. (A full batch is polled again at once: not computed then.)
+        CASE WHEN (SELECT count(*) FROM due) < :limit THEN (
+            SELECT min(execution_time) FROM {t}
+            WHERE picked = false AND execution_time <= now() AND %(wanted)s
+              AND (task_name, task_instance) NOT IN (SELECT task_name, task_instance FROM due)
+        ) END AS skipped
+) AS x
 LEFT JOIN claimed AS c ON true
 """
 
