@@ -94,7 +94,7 @@ def _repository_sql() -> dict[str, str]:
     }
 
 
-_FINAL_SELECT = re.compile(r"\n(SELECT c\.\*, x\.db_now, x\.next_due\s.*)\Z", re.S)
+_FINAL_SELECT = re.compile(r"\n(SELECT c\.\*, x\.db_now, .*)\Z", re.S)
 _FINAL_UPDATE = re.compile(r"\n(UPDATE \S+ AS t\s.*RETURNING [^\n]*)\s*\Z", re.S)
 
 _AGGREGATE = """

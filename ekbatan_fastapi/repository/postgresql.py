@@ -65,6 +65,10 @@ _NEXT_DUE = (
     "AND %(wanted)s)"
 )
 
+# ``skipped``: a due row this statement did not claim although the batch had room. Another
+# transaction held it locked (a peer's claim, or anybody's lock); reported as the next due
+# time, which is then not in the future, and the scheduler looks again soon. Not computed for
+# a full batch, which is polled again at once anyway.
 _LOCK_AND_FETCH = """
 WITH due AS (
     SELECT task_name, task_instance FROM {t}
@@ -82,9 +86,6 @@ WITH due AS (
 SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due)
 FROM (
     SELECT now() AS db_now, %(next_due)s AS next_due,
-        -- a due row this statement did not claim although the batch had room: another
-        -- transaction held it locked (a peer's claim, or anybody's lock); the scheduler then
-        -- looks again soon. (A full batch is polled again at once: not computed then.)
         CASE WHEN (SELECT count(*) FROM due) < :limit THEN (
             SELECT min(execution_time) FROM {t}
             WHERE picked = false AND execution_time <= now() AND %(wanted)s
