@@ -656,8 +656,9 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
             "Each trial: a one-time job is scheduled; the instance that starts it is SIGKILLed "
             "a few ms after its claim (the freshest heartbeat the row gets); the figure is the "
             "survivor's start of the same instance minus the kill. The dead window is 4 s; the "
-            "survivor's housekeeper looks for dead executions once per heartbeat interval, so "
-            "the figure lies between 4 s and 5 s plus a poll."
+            "survivor's housekeeper checks for dead executions once per heartbeat interval "
+            "and again at the moment the freshest picked row would die (the time its last "
+            "check returned), so the figure is the dead window plus that check and a claim."
         )
     else:
         w(f"not measured: {fo}")
