@@ -246,13 +246,15 @@ async def build_report(
     instances: list[InstanceInfo] = []
     try:
         async with asyncio.timeout(timeout):
-            now = await state.registry.repository.db_now()
             rows = await state.client.list(name, limit=limit, offset=offset)
             pauses = await state.client.paused()
             try:
                 instances = await state.client.instances()
             except SchemaMissingError as error:
                 warnings.append(str(error))
+            # The clock last: every timestamp read above is then at or before it (a heartbeat
+            # written between a clock read first and the rows showed a negative age).
+            now = await state.registry.repository.db_now()
     except TimeoutError:
         problems.append(f"database unreachable: no answer within {timeout:g}s")
     except SchemaMissingError as error:
