@@ -33,6 +33,8 @@ _DEATH_MARGIN = 0.005
 """Seconds after the next death to look (the comparison in SQL is strict)."""
 _MIN_EARLY_CHECK = 0.02
 """Early dead-execution checks come at least this far apart (against clock skew)."""
+_TIMER_SLACK = 0.001
+"""The event loop may wake a timer this early (its clock resolution): still the round."""
 
 
 class Housekeeping:
@@ -141,7 +143,7 @@ class Housekeeping:
                 until = (self._next_death - self.db_time()).total_seconds() + _DEATH_MARGIN
                 wake = min(wake, loop.time() + max(until, _MIN_EARLY_CHECK))
             await asyncio.sleep(max(0.0, wake - loop.time()))
-            if loop.time() < next_round - 0.001:  # an early dead-execution check only
+            if loop.time() < next_round - _TIMER_SLACK:  # an early dead-execution check only
                 self._next_death = None
                 if not self._stopping and self._ready.is_set():
                     await self._revive_dead()
