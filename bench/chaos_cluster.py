@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from sqlalchemy.engine import make_url
 
-from ekbatan_fastapi.durations import format_iso_duration
+from ekbatan_fastapi.domain.durations import format_iso_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS_URL_ENV = "EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG__URL"

@@ -1,4 +1,4 @@
-"""The chaos harness's jobs, its execution ledger and a probe on the repository.
+"""The chaos harness's jobs, its execution ledger and a probe on the store.
 
 Imported by the plain scheduler processes (``bench/chaos_worker.py``) and by the example app
 (``EKBATAN_JOBS__MODULES=bench.chaos_jobs``), and configured by environment variables so that
@@ -33,15 +33,15 @@ from ekbatan_fastapi import (
     DistributedJob,
     ExecutionContext,
     FailureHandler,
+    Job,
     OneTimeJob,
     RetryLater,
     Schedule,
     Schedules,
     distributed_job,
 )
-from ekbatan_fastapi.job import _Job
-from ekbatan_fastapi.repository.base import TaskRepository
-from ekbatan_fastapi.repository.model import Finish, FinishKind, TaskKey, TaskRow
+from ekbatan_fastapi.domain.rows import Finish, FinishKind, TaskKey, TaskRow
+from ekbatan_fastapi.store.probe import StoreProbe, add_probe
 
 __all__ = [
     "ONCE",
@@ -228,13 +228,13 @@ class ChaosSync(_Retried):
         ledger().write("end", outcome="ok", **fields)
 
 
-_EXTRA_CLASSES: dict[str, type[_Job]] = {"long": ChaosLong, "block": ChaosBlock, "sync": ChaosSync}
+_EXTRA_CLASSES: dict[str, type[Job]] = {"long": ChaosLong, "block": ChaosBlock, "sync": ChaosSync}
 
 
-def _configured_classes() -> list[type[_Job]]:
+def _configured_classes() -> list[type[Job]]:
     """Marked subclasses for this process's configuration, found by the example app's
     ``@distributed_job`` discovery (each class gives one instance, hence one class per job)."""
-    classes: list[type[_Job]] = []
+    classes: list[type[Job]] = []
     for index in range(int(os.environ.get("CHAOS_RECURRING", "0"))):
         classes.append(type(f"ChaosRecurring{index:02d}", (ChaosRecurring,), {"index": index}))
     classes.append(type("ChaosOnceJob", (ChaosOnce,), {}))
@@ -246,53 +246,41 @@ def _configured_classes() -> list[type[_Job]]:
     return [distributed_job(cls) for cls in classes]
 
 
-def job_instances() -> list[_Job]:
+def job_instances() -> list[Job]:
     """One instance of every configured job (for a registry built by hand)."""
     return [cls() for cls in _CLASSES]
 
 
-# -- a probe on the repository: which results were recorded, which rows were revived -----------
+# -- a probe on the store: which results were recorded, which rows were revived -----------------
 
 
-def _record_finishes(event: str, items: Sequence[Finish], recorded: set[TaskKey] | None) -> None:
-    for item in items:
-        owned = item.owned
-        if not owned.task_name.startswith(PREFIX):
-            continue
-        ledger().write(
-            event if recorded is None or owned.key in recorded else "rejected",
-            task=owned.task_name,
-            inst=owned.task_instance,
-            ver=owned.version,
-            kind=FinishKind(item.kind).name.lower(),
-            next=micros(item.next_time) if item.next_time is not None else None,
-        )
+class _LedgerProbe(StoreProbe):
+    """Writes the results the completer sent (recorded, rejected, or lost to an error after
+    which the statement may have committed: the audit knows) and the revivals of dead
+    executions into the ledger. It only observes."""
 
+    def finished(
+        self,
+        items: Sequence[Finish],
+        recorded: set[TaskKey] | None,
+        error: BaseException | None,
+        seconds: float,
+    ) -> None:
+        event = "finish-error" if recorded is None else "recorded"
+        for item in items:
+            owned = item.owned
+            if not owned.task_name.startswith(PREFIX):
+                continue
+            ledger().write(
+                event if recorded is None or owned.key in recorded else "rejected",
+                task=owned.task_name,
+                inst=owned.task_instance,
+                ver=owned.version,
+                kind=FinishKind(item.kind).name.lower(),
+                next=micros(item.next_time) if item.next_time is not None else None,
+            )
 
-def _wrap_finish(method: Callable[..., Awaitable[set[TaskKey]]]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    async def finish(self: TaskRepository, items: Sequence[Finish], **options: Any) -> set[TaskKey]:
-        try:
-            recorded = await method(self, items, **options)
-        except BaseException:
-            # The statement may have committed before the connection broke: the completer's
-            # retry is then rejected although the result was recorded (the audit knows).
-            _record_finishes("finish-error", items, None)
-            raise
-        _record_finishes("recorded", items, recorded)
-        return recorded
-
-    return finish
-
-
-def _wrap_revive(
-    method: Callable[..., Awaitable[tuple[list[TaskRow], Any]]],
-) -> Callable[..., Any]:
-    @functools.wraps(method)
-    async def revive_and_watch(
-        self: TaskRepository, names: Sequence[str], dead_after: timedelta
-    ) -> tuple[list[TaskRow], Any]:
-        rows, next_death = await method(self, names, dead_after)
+    def revived(self, rows: Sequence[TaskRow]) -> None:
         for row in rows:
             if row.task_name.startswith(PREFIX):
                 ledger().write(
@@ -304,26 +292,6 @@ def _wrap_revive(
                     owner=row.picked_by,
                     hb=row.last_heartbeat.timestamp() if row.last_heartbeat else None,
                 )
-        return rows, next_death
-
-    return revive_and_watch
-
-
-def _install_probe() -> None:
-    """Wrap ``finish`` and ``revive_and_watch`` (the scheduler's dead-execution check;
-    ``revive_dead`` calls it) of every repository class that defines them: the probe only
-    observes (it calls through and returns the same answer)."""
-    from ekbatan_fastapi.repository import mysql, postgresql
-
-    for module in (postgresql, mysql):
-        for value in vars(module).values():
-            if not (isinstance(value, type) and issubclass(value, TaskRepository)):
-                continue
-            if "finish" in value.__dict__ and not hasattr(value.finish, "__wrapped__"):
-                value.finish = _wrap_finish(value.finish)  # type: ignore[method-assign]
-            watch = value.__dict__.get("revive_and_watch")
-            if watch is not None and not hasattr(watch, "__wrapped__"):
-                value.revive_and_watch = _wrap_revive(watch)  # type: ignore[method-assign]
 
 
 def _watchdog() -> None:
@@ -342,9 +310,9 @@ def _watchdog() -> None:
     threading.Thread(target=watch, name="chaos-watchdog", daemon=True).start()
 
 
-_CLASSES: list[type[_Job]] = []
+_CLASSES: list[type[Job]] = []
 if os.environ.get("CHAOS_LEDGER_DIR"):
     _CLASSES = _configured_classes()
-    _install_probe()
+    add_probe(_LedgerProbe())
     _watchdog()
     ledger().write("boot", label=ledger().label)

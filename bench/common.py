@@ -221,7 +221,7 @@ def _pg15_cluster() -> Iterator[ServerInfo]:
 
 @contextlib.contextmanager
 def _embedded_cluster() -> Iterator[ServerInfo]:
-    from ekbatan_fastapi.embedded import start_embedded_postgres
+    from ekbatan_fastapi.store.embedded import start_embedded_postgres
 
     base = Path(tempfile.mkdtemp(prefix="ekbatan-bench-pg-"))
     server = start_embedded_postgres(base / "data", delete_on_cleanup=True)

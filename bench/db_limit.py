@@ -6,7 +6,7 @@ same number of clients as ``throughput.py`` has worker processes.
     python bench/db_limit.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
     python bench/db_limit.py --quick             # N=2000, one repeat
 
-One pgbench transaction is what one worker does per batch, with the repository's statement
+One pgbench transaction is what one worker does per batch, with the task store's statement
 texts verbatim (read from a ``PostgresRepository`` instance, the pause-aware variant that a
 scheduler uses once the operations tables exist):
 
@@ -79,19 +79,12 @@ def pgbench_binary() -> str:
 
 
 def _repository_sql() -> dict[str, str]:
-    """The statement texts of ``PostgresRepository`` (pause-aware variant), verbatim."""
-    from ekbatan_fastapi.repository.postgresql import PostgresRepository
+    """The statement texts of the PostgreSQL task store (pause-aware variant), verbatim, as
+    its ``statements()`` gives them."""
+    from ekbatan_fastapi.store.dialects import open_store
 
     engine = create_async_engine("postgresql+asyncpg://localhost/unused")
-    repo = PostgresRepository(engine, TABLE)
-    lock_and_fetch, fetch_candidates = repo._poll_sql[True]
-    return {
-        "lock_and_fetch": lock_and_fetch.template,
-        "fetch_candidates": fetch_candidates.template,
-        "claim": repo._claim.template,
-        "finish": repo._finish.template,
-        "finish_history": repo._finish_history[False].template,
-    }
+    return open_store(engine, "postgresql", TABLE).tasks.statements()
 
 
 _FINAL_SELECT = re.compile(r"\n(SELECT c\.\*, x\.db_now, .*)\Z", re.S)
@@ -145,7 +138,7 @@ def _rename(sql: str, prefix: str) -> str:
 
 
 def build_scripts(with_history: bool = False) -> dict[str, str]:
-    """pgbench scripts, one per strategy, from the repository's statements."""
+    """pgbench scripts, one per strategy, from the task store's statements."""
     sql = _repository_sql()
     history = _HISTORY_ARRAYS.format(bump="") if with_history else ""
     lf = _FINAL_SELECT.search(sql["lock_and_fetch"])

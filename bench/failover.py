@@ -168,7 +168,7 @@ async def run_failover(
     verbose: bool = True,
 ) -> FailoverRun:
     from ekbatan_fastapi import OneTimeJob, SchedulerClient, create_schema
-    from ekbatan_fastapi.repository.postgresql import PostgresRepository
+    from ekbatan_fastapi.store.dialects import open_store
 
     class Probe(OneTimeJob):
         def name(self) -> str:
@@ -183,7 +183,7 @@ async def run_failover(
         engine = create_async_engine(db_url, poolclass=NullPool)
         try:
             await create_schema(engine)
-            client = SchedulerClient(PostgresRepository(engine, "scheduled_tasks"), {JOB: Probe()})
+            client = SchedulerClient(open_store(engine, "postgresql"), {JOB: Probe()})
             with tempfile.TemporaryDirectory(prefix="ekbatan-failover-") as work:
                 deadline = time.monotonic() + trials * 60 + 120
                 pool = _Pool(db_url, Path(work), deadline, heartbeat, limit)

@@ -257,6 +257,7 @@ async def _worker(args: argparse.Namespace) -> int:
     from sqlalchemy import event
 
     from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules
+    from ekbatan_fastapi.store.probe import StoreProbe, add_probe
 
     class FarJob(DistributedJob):
         def __init__(self, name: str) -> None:
@@ -289,16 +290,13 @@ async def _worker(args: argparse.Namespace) -> int:
 
     event.listen(registry.engine.sync_engine, "before_cursor_execute", count)
     # PostgreSQL's hot statements (the poll among them) go to asyncpg directly, past
-    # SQLAlchemy's events: count those where they are sent.
-    repository: Any = registry.repository
-    if hasattr(repository, "_fetch"):
-        send = repository._fetch
+    # SQLAlchemy's events: the store's probe sees those.
 
-        async def counted(stmt: Any, params: Any, lease: Any) -> Any:
-            counts[classify(stmt.sql)] += 1
-            return await send(stmt, params, lease)
+    class Counted(StoreProbe):
+        def statement(self, name: str, sql: str) -> None:
+            counts[classify(sql)] += 1
 
-        repository._fetch = counted
+    add_probe(Counted())
     commands = common.stdin_commands()
     await registry.start()
     try:

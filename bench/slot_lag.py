@@ -278,20 +278,21 @@ async def _worker(args: argparse.Namespace) -> int:
         polling_interval=args.polling_interval,
     )
     # Where a slot's lag goes: each poll's start and end (wall clock) and what it claimed, so
-    # that lag = (poll start - slot) + (poll) + (poll end - execute start). A bench-side wrapper
-    # around the repository's poll; it changes nothing in the scheduler.
+    # that lag = (poll start - slot) + (poll) + (poll end - execute start). Through the
+    # store's probe; it changes nothing in the scheduler.
+    from ekbatan_fastapi.store.probe import StoreProbe, add_probe
+
     polls: dict[tuple[str, float], tuple[float, float]] = {}
-    poll = registry.repository.poll
 
-    async def traced_poll(*a: Any, **kw: Any) -> Any:
-        began = time.time()
-        result = await poll(*a, **kw)
-        ended = time.time()
-        for row in result.claimed:
-            polls[(row.task_name, row.execution_time.timestamp())] = (began, ended)
-        return result
+    class Traced(StoreProbe):
+        def polled(self, result: Any, started: float, seconds: float) -> None:
+            for row in result.claimed:
+                polls[(row.task_name, row.execution_time.timestamp())] = (
+                    started,
+                    started + seconds,
+                )
 
-    registry.repository.poll = traced_poll  # type: ignore[method-assign]
+    add_probe(Traced())
     commands = common.stdin_commands()
     remaining = max(1.0, args.deadline - time.monotonic())
     profiler = None

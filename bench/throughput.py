@@ -6,7 +6,7 @@
     python bench/throughput.py --quick               # a small smoke run
 
 For every (strategy, K, repeat) the harness recreates ``scheduled_tasks`` in a fresh database,
-inserts N due rows in one ``INSERT ... SELECT generate_series`` (or the repository's batch
+inserts N due rows in one ``INSERT ... SELECT generate_series`` (or the task store's batch
 insert), starts K worker processes (this script with ``--worker``), waits until each has
 imported everything, built its ``JobRegistry`` and opened its pool, and then releases them
 all at once (a line on their stdin). The clock runs from that moment (``time.monotonic``,
@@ -328,7 +328,7 @@ async def fresh_database(server_url: str) -> AsyncIterator[str]:
 @contextlib.contextmanager
 def embedded_server() -> Iterator[str]:
     """An embedded PostgreSQL in a temporary directory, deleted afterwards."""
-    from ekbatan_fastapi.embedded import start_embedded_postgres
+    from ekbatan_fastapi.store.embedded import start_embedded_postgres
 
     base = Path(tempfile.mkdtemp(prefix="ekbatan-bench-pg-"))
     server = start_embedded_postgres(base / "data", delete_on_cleanup=True)
@@ -378,8 +378,8 @@ async def load_table(engine: AsyncEngine, n: int, how: str) -> float:
         async with engine.begin() as conn:
             await conn.execute(text(_INSERT_SQL), {"name": TASK_NAME, "n": n})
     elif how == "batch":
-        from ekbatan_fastapi.connection import repository_class
-        from ekbatan_fastapi.repository.model import NewTask
+        from ekbatan_fastapi.domain.rows import NewTask
+        from ekbatan_fastapi.store.dialects import open_store
 
         base = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
         tasks = [
@@ -387,7 +387,7 @@ async def load_table(engine: AsyncEngine, n: int, how: str) -> float:
             for g in range(1, n + 1)
         ]
         dialect = "mysql" if mysql else "postgresql"
-        inserted = await repository_class(dialect)(engine, TABLE).insert_missing(tasks)
+        inserted = await open_store(engine, dialect, TABLE).tasks.insert_missing(tasks)
         if len(inserted) != n:
             raise RuntimeError(f"batch insert wrote {len(inserted)} of {n} rows")
     else:
@@ -870,35 +870,29 @@ class _Stats:
         self.finish_seconds = 0.0
 
 
-def _instrument(repository: Any, stats: _Stats, batch_size: int) -> None:
-    """Count polls and completions, and time the last completion (bench-side wrappers)."""
-    poll = repository.poll
-    finish = repository.finish
+def _instrument(stats: _Stats, batch_size: int) -> None:
+    """Count polls and completions, and time the last completion (through the store's
+    probe: it changes nothing in the scheduler)."""
+    from ekbatan_fastapi.store.probe import StoreProbe, add_probe
 
-    async def counted_poll(*args: Any, **kwargs: Any) -> Any:
-        started = time.monotonic()
-        result = await poll(*args, **kwargs)
-        stats.poll_seconds += time.monotonic() - started
-        stats.polls += 1
-        stats.claimed += len(result.claimed)
-        if len(result.claimed) >= batch_size:
-            stats.full_polls += 1
-        if result.claimed and stats.first_claim is None:
-            stats.first_claim = time.monotonic()
-        return result
+    class Timings(StoreProbe):
+        def polled(self, result: Any, started: float, seconds: float) -> None:
+            stats.poll_seconds += seconds
+            stats.polls += 1
+            stats.claimed += len(result.claimed)
+            if len(result.claimed) >= batch_size:
+                stats.full_polls += 1
+            if result.claimed and stats.first_claim is None:
+                stats.first_claim = time.monotonic()
 
-    async def timed_finish(*args: Any, **kwargs: Any) -> Any:
-        started = time.monotonic()
-        recorded = await finish(*args, **kwargs)
-        stats.finish_seconds += time.monotonic() - started
-        stats.finish_calls += 1
-        if recorded:
-            stats.recorded += len(recorded)
-            stats.last_finish = time.monotonic()
-        return recorded
+        def finished(self, items: Any, recorded: Any, error: Any, seconds: float) -> None:
+            stats.finish_seconds += seconds
+            stats.finish_calls += 1
+            if recorded:
+                stats.recorded += len(recorded)
+                stats.last_finish = time.monotonic()
 
-    repository.poll = counted_poll
-    repository.finish = timed_finish
+    add_probe(Timings())
 
 
 def _read_stdin(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str]) -> None:
@@ -945,7 +939,7 @@ async def _worker(args: argparse.Namespace) -> int:
         .build()
     )
     stats = _Stats()
-    _instrument(registry.repository, stats, registry.scheduler.batch_size)
+    _instrument(stats, registry.scheduler.batch_size)
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue[str] = asyncio.Queue()
     threading.Thread(target=_read_stdin, args=(loop, commands), daemon=True).start()

@@ -1,20 +1,20 @@
 """ekbatan-fastapi: cluster-wide recurring background jobs over one ``scheduled_tasks`` table.
 
-The core never imports FastAPI; the FastAPI integration lives in ``ekbatan_fastapi.integration``
-and its names (``ekbatan_lifespan``, ``jobs_router``, ...) are re-exported here lazily, so
-``import ekbatan_fastapi`` alone does not import FastAPI.
+The core never imports FastAPI; the FastAPI integration lives in ``ekbatan_fastapi.web`` and
+its names (``ekbatan_lifespan``, ``jobs_router``, ...) are re-exported here lazily, so
+``import ekbatan_fastapi`` alone does not import FastAPI. The layers are described in
+docs/architecture.md.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .client import ScheduledTask, SchedulerClient
-from .clock import Clock, OffsetClock, SystemClock
-from .codec import TaskDataError
-from .config import SchedulerConfig
-from .connection import ConnectionProvider
-from .errors import (
+from .client import SchedulerClient
+from .domain.clock import Clock, OffsetClock, SystemClock
+from .domain.codec import TaskDataError
+from .domain.context import ExecutionContext, HeartbeatState
+from .domain.errors import (
     ConfigurationError,
     DatabaseTimeout,
     EkbatanError,
@@ -25,25 +25,22 @@ from .errors import (
     TaskPickedError,
     UnknownJobError,
 )
-from .failure import ExponentialBackoff, FailureHandler, MaxRetries, RetryLater
-from .job import (
-    RECURRING_INSTANCE,
-    DistributedJob,
-    ExecutionContext,
-    HeartbeatState,
-    OneTimeJob,
-    distributed_job,
-)
-from .observer import ExecutionFinished, SchedulerObserver
-from .operations import ExecutionRecord, InstanceInfo, Outcome, PauseInfo
+from .domain.failure import ExponentialBackoff, FailureHandler, MaxRetries, RetryLater
+from .domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, distributed_job
+from .domain.records import ExecutionRecord, InstanceInfo, Outcome, PauseInfo
+from .domain.rows import PollingStrategy
+from .domain.schedules import Schedule, Schedules, parse_schedule
+from .domain.tasks import ScheduledTask
+from .domain.version import VERSION
+from .engine.config import SchedulerConfig
+from .engine.observer import ExecutionFinished, SchedulerObserver
+from .engine.scheduler import Scheduler
+from .engine.status import ExecutionStatus, SchedulerStatus
 from .registry import JobRegistry, JobRegistryBuilder, SchedulerBuilder, job_registry
-from .repository.base import PollingStrategy
-from .scheduler import Scheduler
-from .schedules import Schedule, Schedules, parse_schedule
-from .schema import create_schema, metadata, scheduled_tasks
-from .status import ExecutionStatus, SchedulerStatus
+from .store.connection import ConnectionProvider
+from .store.tables import create_schema, metadata, scheduled_tasks
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 _INTEGRATION = frozenset(
     {
@@ -64,7 +61,8 @@ _INTEGRATION = frozenset(
 )
 
 if TYPE_CHECKING:
-    from .integration import (
+    from .settings import EkbatanSettings
+    from .web import (
         EkbatanLifespan,
         EkbatanState,
         JobsReport,
@@ -79,15 +77,14 @@ if TYPE_CHECKING:
         jobs_router,
         metrics_router,
     )
-    from .settings import EkbatanSettings
 
 
 def __getattr__(name: str) -> Any:
     """The FastAPI integration and the settings, imported on first use."""
     if name in _INTEGRATION:
-        from . import integration
+        from . import web
 
-        return getattr(integration, name)
+        return getattr(web, name)
     if name == "EkbatanSettings":
         from .settings import EkbatanSettings
 
@@ -111,6 +108,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "FailureHandler",
     "HeartbeatState",
     "InstanceInfo",
+    "Job",
     "JobRegistry",
     "JobRegistryBuilder",
     "MaxRetries",

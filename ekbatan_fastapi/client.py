@@ -1,63 +1,65 @@
-"""The scheduler client: schedule, reschedule, cancel and read task instances."""
+"""The scheduler client: schedule, reschedule, cancel and read task instances; the history,
+pauses and instances of the cluster.
+
+It needs only the database: the CLI and ``/jobs`` use it with or without a scheduler running
+in the same process. A local scheduler (``LocalScheduler``), when given, only adds wake-ups
+(work scheduled here is claimed at once) and forced runs on this instance.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
-from .codec import decode_data, encode_data
-from .errors import (
+from .domain.codec import encode_data
+from .domain.errors import (
     ConfigurationError,
+    RunNotClaimedError,
     SchemaMissingError,
     TaskNotFoundError,
     TaskPausedError,
     TaskPickedError,
     UnknownJobError,
 )
-from .job import RECURRING_INSTANCE, DistributedJob, OneTimeJob, _Job
-from .operations.models import ExecutionRecord, InstanceInfo, PauseInfo
-from .operations.repository import OperationsRepository
-from .repository.base import TaskRepository
-from .repository.model import NewTask, TaskRow
-
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
+from .domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob
+from .domain.records import ExecutionRecord, InstanceInfo, PauseInfo
+from .domain.rows import NewTask, TaskRow
+from .domain.schedules import Schedule
+from .domain.tasks import ScheduledTask, paused_message, slot_after_missed
+from .domain.text import MAX_NAME_LENGTH, is_storable_text, validate_name
+from .store.dialects import Store
 
 __all__ = [
     "MAX_NAME_LENGTH",
+    "LocalScheduler",
     "ScheduledTask",
     "SchedulerClient",
     "is_storable_text",
     "validate_name",
 ]
 
-MAX_NAME_LENGTH = 100
 _UNSET: Any = object()
+_DEFAULT_DEAD_AFTER = timedelta(seconds=60)
+_CLAIM_POLL = 0.05
+"""Seconds between looks for a claim during a forced run from outside the application."""
 
 
-def is_storable_text(value: str) -> bool:
-    """True when a database can store ``value``: UTF-8 encodable (no lone surrogate, which
-    Python strings may hold) and without NUL."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return "\x00" not in value
+class LocalScheduler(Protocol):
+    """What the client uses of a scheduler running in the same process."""
 
+    @property
+    def name(self) -> str: ...
 
-def validate_name(value: object, what: str) -> str:
-    """Task names and instance ids: non-empty strings of at most 100 characters."""
-    if not isinstance(value, str):
-        raise ConfigurationError(f"{what} must be a string, got {type(value).__name__}: {value!r}")
-    if not value.strip() or len(value) > MAX_NAME_LENGTH or not is_storable_text(value):
-        shown = value if len(value) <= 120 else value[:117] + "..."
-        raise ConfigurationError(
-            f"{what} {shown!r} is invalid: use 1 to {MAX_NAME_LENGTH} characters (no NUL, "
-            f"no lone surrogate), not blank (got {len(value)} characters)"
-        )
-    return value
+    @property
+    def jobs(self) -> Mapping[str, Job]: ...
+
+    def request_poll(self) -> None: ...
+
+    def note_due(self, when: datetime) -> None: ...
+
+    def run_claimed(self, row: TaskRow) -> None: ...
 
 
 def _aware(at: datetime | None, what: str) -> datetime | None:
@@ -71,58 +73,30 @@ def _aware(at: datetime | None, what: str) -> datetime | None:
     return at
 
 
-@dataclass(frozen=True)
-class ScheduledTask:
-    """A row of ``scheduled_tasks`` as the client shows it."""
-
-    task_name: str
-    task_instance: str
-    execution_time: datetime
-    picked: bool
-    picked_by: str | None
-    last_success: datetime | None
-    last_failure: datetime | None
-    consecutive_failures: int
-    last_heartbeat: datetime | None
-    version: int
-    priority: int
-    task_data: bytes | None
-
-    @classmethod
-    def from_row(cls, row: TaskRow) -> ScheduledTask:
-        return cls(
-            task_name=row.task_name,
-            task_instance=row.task_instance,
-            execution_time=row.execution_time,
-            picked=row.picked,
-            picked_by=row.picked_by,
-            last_success=row.last_success,
-            last_failure=row.last_failure,
-            consecutive_failures=row.consecutive_failures or 0,
-            last_heartbeat=row.last_heartbeat,
-            version=row.version,
-            priority=row.priority or 0,
-            task_data=row.task_data,
-        )
-
-    @property
-    def data(self) -> Any:
-        """The decoded ``task_data`` (raises TaskDataError when it is not our JSON)."""
-        return decode_data(self.task_data, where=f"{self.task_name}/{self.task_instance}")
-
-
 class SchedulerClient:
-    """Schedules one-time task instances and reads or changes rows of the table."""
+    """Schedules one-time task instances and reads or changes rows of the table.
+
+    ``jobs`` are the jobs known here (to check names and find schedules); ``dead_after`` is
+    the cluster's dead window (``heartbeat_interval x missed_heartbeats_limit``), for
+    ``instances()``; ``scheduler`` is a scheduler running in this process, if any.
+    """
 
     def __init__(
         self,
-        repository: TaskRepository,
-        jobs: Mapping[str, _Job],
-        scheduler: Scheduler | None = None,
+        store: Store,
+        jobs: Mapping[str, Job],
+        scheduler: LocalScheduler | None = None,
+        *,
+        dead_after: timedelta = _DEFAULT_DEAD_AFTER,
     ) -> None:
-        self._repo = repository
+        self._store = store
+        self._tasks = store.tasks
+        self._ops = store.operations
         self._jobs = jobs
         self._scheduler = scheduler
+        self._dead_after = dead_after
+
+    # -- one-time tasks ------------------------------------------------------------------
 
     def _one_time_job(self, job_name: str) -> OneTimeJob:
         validate_name(job_name, "job name")
@@ -140,13 +114,16 @@ class SchedulerClient:
             f"{', '.join(known) or '(none)'}"
         )
 
-    def _woken(self, at: datetime | None) -> None:
-        if self._scheduler is None:
-            return
-        if at is None:
-            self._scheduler.request_poll()
-        else:
-            self._scheduler.note_due(at)
+    async def _woken(self, at: datetime | None, *, notify: bool) -> None:
+        """Something is due at ``at`` (None: now): wake the local poller, and (``notify``)
+        every listening instance."""
+        if self._scheduler is not None:
+            if at is None:
+                self._scheduler.request_poll()
+            else:
+                self._scheduler.note_due(at)
+        if notify and self._tasks.supports_notify:
+            await self._tasks.notify(at)
 
     async def schedule(
         self,
@@ -174,11 +151,11 @@ class SchedulerClient:
             encode_data(data, where=where),
             job.priority() if priority is None else priority,
         )
-        written = await self._repo.upsert(task, replace=replace)
+        written = await self._tasks.upsert(task, replace=replace)
         if not written and replace:
             raise TaskPickedError(f"{where} is running right now; it cannot be replaced")
         if written:
-            self._woken(at)
+            await self._woken(at, notify=False)  # the upsert notified the cluster itself
         return written
 
     async def schedule_many(
@@ -206,11 +183,8 @@ class SchedulerClient:
             )
         if not tasks:
             return 0
-        created = len(await self._repo.insert_missing(tasks))
-        when = None if due_now else earliest
-        self._woken(when)
-        if created and self._repo.supports_notify:
-            await self._repo.notify(when)
+        created = len(await self._tasks.insert_missing(tasks))
+        await self._woken(None if due_now else earliest, notify=created > 0)
         return created
 
     async def reschedule(
@@ -226,7 +200,7 @@ class SchedulerClient:
         at = _aware(at, "at")
         where = f"{job_name}/{instance_id}"
         replace_data = data is not _UNSET
-        ok = await self._repo.reschedule(
+        ok = await self._tasks.reschedule(
             job_name,
             instance_id,
             at,
@@ -235,130 +209,17 @@ class SchedulerClient:
         )
         if not ok:
             await self._explain_failure(job_name, instance_id, "rescheduled")
-        self._woken(at)
-        if self._repo.supports_notify:
-            await self._repo.notify(at)
-
-    async def run_now(
-        self, job_name: str, instance_id: str = RECURRING_INSTANCE, *, force: bool = False
-    ) -> None:
-        """Make an instance due now (database clock), keeping its failure counters.
-
-        A paused task raises TaskPausedError unless ``force``; a forced run is claimed and
-        started on this instance at once (the task stays paused afterwards).
-        """
-        validate_name(job_name, "job name")
-        pause = (await self.paused()).get(job_name)
-        if pause is None:
-            await self.reschedule(job_name, instance_id, None)
-            return
-        where = f"{job_name}/{instance_id}"
-        if not force:
-            raise TaskPausedError(
-                f"{job_name} is paused (by {pause.paused_by} at {pause.paused_at.isoformat()}"
-                f"{': ' + pause.reason if pause.reason else ''}); resume it, or pass force=True "
-                "to run it once anyway"
-            )
-        if self._scheduler is None or job_name not in self._jobs:
-            raise UnknownJobError(
-                f"a forced run of {where} needs a running registry that has the job {job_name!r}"
-            )
-        row = await self._repo.claim_now(job_name, instance_id, self._scheduler.name)
-        if row is None:
-            await self._explain_failure(job_name, instance_id, "run")
-            return
-        self._scheduler.run_claimed(row)
-
-    # -- operations: history, pause/resume, instances ------------------------------------
-
-    async def _has_ops(self) -> bool:
-        """True once the operations tables are known to exist (checked lazily)."""
-        return self._scheduler is not None and await self._scheduler.recorder.check()
-
-    async def _require_ops(self) -> OperationsRepository:
-        if not await self._has_ops():
-            raise SchemaMissingError(
-                "the operations tables (execution history, paused tasks, instances) are "
-                f"missing: apply migrations/{self._repo.dialect_name}/V0002__ekbatan_operations"
-                ".sql or call `await ekbatan_fastapi.create_schema(engine)`"
-            )
-        assert self._scheduler is not None
-        return self._scheduler.recorder.ops
-
-    async def _known_task(self, job_name: str) -> None:
-        validate_name(job_name, "job name")
-        if job_name not in self._jobs and not await self._repo.list_tasks(job_name, limit=1):
-            raise TaskNotFoundError(
-                f"no job named {job_name!r} is registered here and the table has no rows for it"
-            )
-
-    async def history(
-        self, job_name: str | None = None, *, limit: int = 50, before_id: int | None = None
-    ) -> list[ExecutionRecord]:
-        """Executions, newest first; page with ``before_id`` = the last id of a page."""
-        if job_name is not None:
-            validate_name(job_name, "job name")
-        if not 1 <= limit <= 1000:
-            raise ConfigurationError(f"limit must be from 1 to 1000, got {limit}")
-        return await (await self._require_ops()).history(job_name, limit=limit, before_id=before_id)
-
-    async def pause(
-        self, job_name: str, reason: str | None = None, *, paused_by: str | None = None
-    ) -> None:
-        """Pause a task cluster-wide: no instance claims it until resumed (survives restarts).
-        Executions already running finish normally."""
-        await self._known_task(job_name)
-        ops = await self._require_ops()
-        by = (
-            paused_by
-            if paused_by is not None
-            else (self._scheduler.name if self._scheduler else None)
-        )
-        await ops.pause(job_name, by, reason)
-
-    async def resume(self, job_name: str, *, skip_missed: bool = False) -> bool:
-        """Resume a paused task; False if it was not paused. An overdue slot then runs once,
-        unless ``skip_missed`` moves a recurring row to its next future slot."""
-        await self._known_task(job_name)
-        ops = await self._require_ops()
-        job = self._jobs.get(job_name)
-        if skip_missed and isinstance(job, DistributedJob):  # move it while still paused
-            row = await self._repo.get(job_name, RECURRING_INSTANCE)
-            db_now = await self._repo.db_now()
-            if row is not None and not row.picked and row.execution_time <= db_now:
-                following = job.schedule().next_execution_time(row.execution_time, db_now)
-                await self._repo.reschedule(
-                    job_name, RECURRING_INSTANCE, following, expected_version=row.version
-                )
-        resumed = await ops.resume(job_name)
-        if resumed:
-            self._woken(None)
-            if self._repo.supports_notify:
-                await self._repo.notify(None)
-        return resumed
-
-    async def paused(self) -> dict[str, PauseInfo]:
-        """Every paused task (empty when the operations tables are missing)."""
-        if not await self._has_ops():
-            return {}
-        return await (await self._require_ops()).paused()
-
-    async def instances(self) -> list[InstanceInfo]:
-        """Scheduler instances as they last reported themselves; ``alive`` = seen within the
-        dead window."""
-        ops = await self._require_ops()
-        assert self._scheduler is not None
-        return await ops.instances(self._scheduler.config.dead_after)
+        await self._woken(at, notify=True)
 
     async def cancel(self, job_name: str, instance_id: str) -> None:
         """Delete an instance that is not running."""
         validate_name(job_name, "job name")
         validate_name(instance_id, "instance id")
-        if not await self._repo.delete_unpicked(job_name, instance_id):
+        if not await self._tasks.delete_unpicked(job_name, instance_id):
             await self._explain_failure(job_name, instance_id, "cancelled")
 
     async def _explain_failure(self, job_name: str, instance_id: str, verb: str) -> None:
-        row = await self._repo.get(job_name, instance_id)
+        row = await self._tasks.get(job_name, instance_id)
         where = f"{job_name}/{instance_id}"
         if row is None:
             raise TaskNotFoundError(f"no task instance {where} is scheduled")
@@ -369,8 +230,194 @@ class SchedulerClient:
             )
         raise TaskPickedError(f"{where} changed concurrently and was not {verb}; try again")
 
+    # -- running now ---------------------------------------------------------------------
+
+    async def run_now(
+        self,
+        job_name: str,
+        instance_id: str = RECURRING_INSTANCE,
+        *,
+        force: bool = False,
+        wait: float = 30.0,
+        force_hint: str = "force=True",
+    ) -> str | None:
+        """Make an instance due now (database clock), keeping its failure counters.
+
+        A paused task raises TaskPausedError unless ``force``. A forced run is claimed and
+        started on this instance at once when a local scheduler has the job; otherwise the
+        pause is lifted until some instance claims the row (at most ``wait`` seconds) and
+        then put back as it was. The task stays paused either way. Returns who claimed a
+        forced run (None for an ordinary one).
+        """
+        validate_name(job_name, "job name")
+        validate_name(instance_id, "instance id")
+        pause = (await self.paused()).get(job_name)
+        if pause is None:
+            await self.reschedule(job_name, instance_id, None)
+            return None
+        if not force:
+            raise TaskPausedError(paused_message(job_name, pause, force_hint))
+        local = self._scheduler
+        if local is not None and job_name in local.jobs:
+            row = await self._tasks.claim_now(job_name, instance_id, local.name)
+            if row is None:
+                await self._explain_failure(job_name, instance_id, "run")
+                return None
+            local.run_claimed(row)
+            return local.name
+        return await self._forced_elsewhere(job_name, instance_id, pause, wait)
+
+    async def _forced_elsewhere(
+        self, job_name: str, instance_id: str, pause: PauseInfo, wait: float
+    ) -> str:
+        """Lift the pause, make the row due now (a notification wakes PostgreSQL instances at
+        once), and put the pause back, with its original who / when / why, as soon as the
+        row's version shows a claim, or after ``wait`` seconds. The pause is put back whatever
+        happens, including cancellation."""
+        where = f"{job_name}/{instance_id}"
+        await self._ops.resume(job_name)
+        try:
+            await self.reschedule(job_name, instance_id, None)
+            row = await self._tasks.get(job_name, instance_id)
+            claimed_by = await self._claimed(job_name, instance_id, row, wait)
+        finally:
+            await asyncio.shield(self._ops.restore_pause(pause))
+        if claimed_by is None:
+            raise RunNotClaimedError(
+                f"no instance claimed {where} within {wait:g} s (is an application with this "
+                "job running?); it stays paused, and due now: it runs when resumed"
+            )
+        return claimed_by
+
+    async def _claimed(
+        self, job_name: str, instance_id: str, row: TaskRow | None, wait: float
+    ) -> str | None:
+        finished = "an instance (the run already finished)"
+        if row is None:
+            return finished  # a one-time instance is deleted
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while loop.time() < deadline:
+            now = await self._tasks.get(job_name, instance_id)
+            if now is None:
+                return finished
+            if now.version != row.version:
+                return now.picked_by or finished
+            await asyncio.sleep(_CLAIM_POLL)
+        return None
+
+    # -- operations: history, pause/resume, instances ------------------------------------
+
+    async def _require_ops(self) -> None:
+        if not await self._ops.look():
+            raise SchemaMissingError(
+                "the operations tables (execution history, paused tasks, instances) are "
+                "missing: run `ekbatan-jobs migrate` (it applies "
+                f"{self._store.db.migrations_folder}/V0002__ekbatan_operations.sql) or call "
+                "`await ekbatan_fastapi.create_schema(engine)`"
+            )
+
+    async def is_known(self, job_name: str) -> bool:
+        """Registered here, in the table, paused, or in the history."""
+        if job_name in self._jobs or await self._tasks.list_tasks(job_name, limit=1):
+            return True
+        if not await self._ops.look():
+            return False
+        if job_name in await self._ops.paused():
+            return True
+        return bool(await self._ops.history(job_name, limit=1))
+
+    async def _known_task(self, job_name: str) -> None:
+        validate_name(job_name, "job name")
+        if not await self.is_known(job_name):
+            raise TaskNotFoundError(
+                f"unknown task {job_name!r}: no job of that name is registered here, and the "
+                "table has no row, pause or history of it"
+            )
+
+    async def history(
+        self, job_name: str | None = None, *, limit: int = 50, before_id: int | None = None
+    ) -> list[ExecutionRecord]:
+        """Executions, newest first; page with ``before_id`` = the last id of a page."""
+        if job_name is not None:
+            validate_name(job_name, "job name")
+        if not 1 <= limit <= 1000:
+            raise ConfigurationError(f"limit must be from 1 to 1000, got {limit}")
+        await self._require_ops()
+        return await self._ops.history(job_name, limit=limit, before_id=before_id)
+
+    async def pause(
+        self, job_name: str, reason: str | None = None, *, paused_by: str | None = None
+    ) -> None:
+        """Pause a task cluster-wide: no instance claims it until resumed (survives restarts).
+        Executions already running finish normally."""
+        await self._known_task(job_name)
+        await self._require_ops()
+        by = paused_by
+        if by is None and self._scheduler is not None:
+            by = self._scheduler.name
+        await self._ops.pause(job_name, by, reason)
+
+    async def resume(
+        self, job_name: str, *, skip_missed: bool = False, schedule: Schedule | None = None
+    ) -> bool:
+        """Resume a paused task; False if it was not paused. An overdue slot then runs once,
+        unless ``skip_missed`` moves a recurring row to its next future slot: by the
+        registered job's schedule, or ``schedule`` where the job is not registered here
+        (the table does not store schedules)."""
+        await self._known_task(job_name)
+        await self._require_ops()
+        if skip_missed:  # move it while still paused
+            await self.skip_missed(job_name, schedule)
+        resumed = await self._ops.resume(job_name)
+        if resumed:
+            await self._woken(None, notify=True)
+        return resumed
+
+    async def skip_missed(self, job_name: str, schedule: Schedule | None = None) -> datetime | None:
+        """Move an overdue recurring row to its next future slot (by the registered job's
+        schedule, else ``schedule``); where it went, or None when it was not overdue."""
+        validate_name(job_name, "job name")
+        job = self._jobs.get(job_name)
+        if isinstance(job, DistributedJob):
+            schedule = job.schedule()
+        row = await self._tasks.get(job_name, RECURRING_INSTANCE)
+        if row is None:
+            return None
+        now = await self._tasks.db_now()
+        task = ScheduledTask.from_row(row)
+        if task.picked or task.execution_time > now:
+            return None
+        if schedule is None:
+            raise ConfigurationError(
+                f"{job_name} is overdue since {row.execution_time.isoformat()}; skipping to its "
+                "next slot needs the job's schedule, which the table does not store: pass the "
+                "schedule (the CLI: --schedule 'FIXED_RATE|PT1H'), or resume from an "
+                "application that registers the job"
+            )
+        following = slot_after_missed(schedule, task, now)
+        if following is None or not await self._tasks.reschedule(
+            job_name, RECURRING_INSTANCE, following, expected_version=row.version
+        ):
+            raise TaskPickedError(f"{job_name} changed meanwhile (it may be running); try again")
+        return following
+
+    async def paused(self) -> dict[str, PauseInfo]:
+        """Every paused task (empty when the operations tables are missing)."""
+        if not await self._ops.look():
+            return {}
+        return await self._ops.paused()
+
+    async def instances(self) -> list[InstanceInfo]:
+        """Scheduler instances as they last reported themselves; ``alive`` = seen within the
+        dead window."""
+        await self._require_ops()
+        return await self._ops.instances(self._dead_after)
+
+    # -- reading -------------------------------------------------------------------------
+
     async def get(self, job_name: str, instance_id: str) -> ScheduledTask | None:
-        row = await self._repo.get(job_name, instance_id)
+        row = await self._tasks.get(job_name, instance_id)
         return ScheduledTask.from_row(row) if row else None
 
     async def list(
@@ -382,5 +429,9 @@ class SchedulerClient:
         offset: int = 0,
     ) -> list[ScheduledTask]:
         """Instances ordered by execution time; filter by job name and picked state."""
-        rows = await self._repo.list_tasks(job_name, picked=picked, limit=limit, offset=offset)
+        rows = await self._tasks.list_tasks(job_name, picked=picked, limit=limit, offset=offset)
         return [ScheduledTask.from_row(r) for r in rows]
+
+    async def database_time(self) -> datetime:
+        """The database's clock (the one every due and dead decision uses)."""
+        return await self._tasks.db_now()

@@ -18,15 +18,15 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigurationError
-from .observer import ExecutionFinished, SchedulerObserver
-from .operations.models import Outcome
+from .domain.errors import ConfigurationError
+from .domain.records import Outcome
+from .engine.observer import ExecutionFinished, SchedulerObserver
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-    from .scheduler import Scheduler
+    from .engine.scheduler import Scheduler
 
 __all__ = ["DURATION_BUCKETS", "LAG_BUCKETS", "POLL_BUCKETS", "EkbatanMetrics"]
 
@@ -89,13 +89,23 @@ class EkbatanMetrics(SchedulerObserver):
         self.registry: CollectorRegistry = (
             registry if registry is not None else prom.CollectorRegistry()
         )
-        reg = self.registry
+        self._define_task_metrics(tuple(duration_buckets), tuple(lag_buckets))
+        self._define_scheduler_metrics(tuple(poll_buckets))
+        self._schedulers: list[weakref.ref[Scheduler]] = []
+        self.registry.register(_RunningCollector(self._running))
+        # labels() takes a lock and builds a key: cache the children for the hot path
+        self._outcome_children: dict[tuple[str, str], Any] = {}
+        self._task_children: dict[str, tuple[Any, Any]] = {}
 
-        def metric(
-            kind: Any, name: str, documentation: str, labels: Sequence[str], **options: Any
-        ) -> Any:
-            return kind(name, documentation, labels, registry=reg, **options)
+    def _metric(
+        self, kind: Any, name: str, documentation: str, labels: Sequence[str], **options: Any
+    ) -> Any:
+        return kind(name, documentation, labels, registry=self.registry, **options)
 
+    def _define_task_metrics(
+        self, duration_buckets: tuple[float, ...], lag_buckets: tuple[float, ...]
+    ) -> None:
+        prom, metric = self._prom, self._metric
         task = ("task",)
         self.executions = metric(
             prom.Counter,
@@ -108,14 +118,14 @@ class EkbatanMetrics(SchedulerObserver):
             "ekbatan_execution_duration_seconds",
             "How long a task's execute() ran.",
             task,
-            buckets=tuple(duration_buckets),
+            buckets=duration_buckets,
         )
         self.slot_lag = metric(
             prom.Histogram,
             "ekbatan_execution_slot_lag_seconds",
             "Start of an execution minus its slot (execution_time), database clock.",
             task,
-            buckets=tuple(lag_buckets),
+            buckets=lag_buckets,
         )
         self.last_success = metric(
             prom.Gauge,
@@ -141,12 +151,15 @@ class EkbatanMetrics(SchedulerObserver):
             "Executions whose heartbeats stopped, revived by this instance.",
             task,
         )
+
+    def _define_scheduler_metrics(self, poll_buckets: tuple[float, ...]) -> None:
+        prom, metric = self._prom, self._metric
         self.poll_duration = metric(
             prom.Histogram,
             "ekbatan_poll_duration_seconds",
             "Duration of the statements that claim due executions.",
             (),
-            buckets=tuple(poll_buckets),
+            buckets=poll_buckets,
         )
         self.claimed = metric(
             prom.Counter, "ekbatan_claimed_executions", "Executions claimed by polls.", ()
@@ -157,11 +170,6 @@ class EkbatanMetrics(SchedulerObserver):
             "Failed database statements of the scheduler (retried with backoff).",
             ("operation",),
         )
-        self._schedulers: list[weakref.ref[Scheduler]] = []
-        reg.register(_RunningCollector(self._running))
-        # labels() takes a lock and builds a key: cache the children for the hot path
-        self._outcome_children: dict[tuple[str, str], Any] = {}
-        self._task_children: dict[str, tuple[Any, Any]] = {}
 
     # -- serving ------------------------------------------------------------------------
 

@@ -11,18 +11,19 @@ from typing import Any
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .client import MAX_NAME_LENGTH, SchedulerClient, is_storable_text
-from .clock import Clock
-from .config import SchedulerConfig
-from .connection import ConnectionProvider, repository_class, resolve_connection
-from .errors import ConfigurationError
-from .job import DistributedJob, OneTimeJob, _Job
-from .observer import SchedulerObserver
-from .repository.base import TaskRepository
-from .scheduler import Scheduler
-from .schedules import Schedule
-from .schema import DEFAULT_TABLE_NAME, validate_table_name
-from .status import SchedulerStatus
+from .client import SchedulerClient
+from .domain.clock import Clock
+from .domain.errors import ConfigurationError
+from .domain.job import DistributedJob, Job, OneTimeJob
+from .domain.schedules import Schedule
+from .domain.text import MAX_NAME_LENGTH, is_valid_name
+from .engine.config import SchedulerConfig
+from .engine.observer import SchedulerObserver
+from .engine.scheduler import Scheduler
+from .engine.status import SchedulerStatus
+from .store.connection import ConnectionProvider, resolve_connection
+from .store.dialects import Dialect, Store, open_store
+from .store.tables import DEFAULT_TABLE_NAME, validate_table_name
 
 __all__ = ["JobRegistry", "JobRegistryBuilder", "SchedulerBuilder", "job_registry"]
 
@@ -36,7 +37,7 @@ class SchedulerBuilder:
 
     def __init__(self) -> None:
         self.config = SchedulerConfig()
-        self._dialect: str | type[TaskRepository] | None = None
+        self._dialect: str | Dialect | None = None
         self._table_name = DEFAULT_TABLE_NAME
         self._statement_timeout: timedelta | None = timedelta(seconds=30)
 
@@ -108,8 +109,9 @@ class SchedulerBuilder:
         self._statement_timeout = value
         return self
 
-    def dialect(self, value: str | type[TaskRepository]) -> SchedulerBuilder:
-        """Override the dialect read from the URL (e.g. ``"mysql5"`` for MySQL before 8)."""
+    def dialect(self, value: str | Dialect) -> SchedulerBuilder:
+        """Override the dialect read from the URL (e.g. ``"mysql5"`` for MySQL before 8), by
+        name or as a ``Dialect`` (see ``ekbatan_fastapi.store.dialects``)."""
         self._dialect = value
         return self
 
@@ -123,7 +125,7 @@ class JobRegistryBuilder:
 
     def __init__(self) -> None:
         self._connection: ConnectionSource | None = None
-        self._jobs: list[_Job] = []
+        self._jobs: list[Job] = []
         self._scheduler = SchedulerBuilder()
         self._customizers: list[Callable[[SchedulerBuilder], Any]] = []
 
@@ -132,11 +134,11 @@ class JobRegistryBuilder:
         self._connection = value
         return self
 
-    def with_job(self, job: _Job) -> JobRegistryBuilder:
+    def with_job(self, job: Job) -> JobRegistryBuilder:
         self._jobs.append(job)
         return self
 
-    def with_jobs(self, jobs: Iterable[_Job]) -> JobRegistryBuilder:
+    def with_jobs(self, jobs: Iterable[Job]) -> JobRegistryBuilder:
         self._jobs.extend(jobs)
         return self
 
@@ -179,27 +181,22 @@ class JobRegistryBuilder:
             )
         provider = resolve_connection(self._connection)
         table_name = validate_table_name(self._scheduler._table_name)
-        dialect = self._scheduler._dialect
-        if isinstance(dialect, type):
-            if not issubclass(dialect, TaskRepository):
-                raise ConfigurationError(
-                    f"dialect must be a name or a TaskRepository subclass, got {dialect!r}"
-                )
-            repo_cls = dialect
-        else:
-            repo_cls = repository_class(dialect or provider.dialect)
-        repository = repo_cls(provider.engine, table_name)
         timeout = self._scheduler._statement_timeout
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
             raise ConfigurationError(
                 f"statement_timeout must be a positive timedelta or None, got {timeout!r}"
             )
-        repository.statement_timeout = timeout.total_seconds() if timeout is not None else None
-        return JobRegistry(provider, repository, jobs, config)
+        store = open_store(
+            provider.engine,
+            self._scheduler._dialect or provider.dialect,
+            table_name,
+            statement_timeout=timeout.total_seconds() if timeout is not None else None,
+        )
+        return JobRegistry(provider, store, jobs, config)
 
 
-def _validate_jobs(jobs: list[_Job]) -> list[_Job]:
-    seen: dict[str, _Job] = {}
+def _validate_jobs(jobs: list[Job]) -> list[Job]:
+    seen: dict[str, Job] = {}
     for job in jobs:
         if isinstance(job, type):
             raise ConfigurationError(
@@ -212,12 +209,7 @@ def _validate_jobs(jobs: list[_Job]) -> list[_Job]:
             )
         name = job.name()
         kind = type(job).__name__
-        if (
-            not isinstance(name, str)
-            or not name.strip()
-            or len(name) > MAX_NAME_LENGTH
-            or not is_storable_text(name)
-        ):
+        if not is_valid_name(name):
             raise ConfigurationError(
                 f"{kind}.name() must return 1 to {MAX_NAME_LENGTH} characters (no NUL, no lone "
                 f"surrogate), got {name!r}"
@@ -246,16 +238,18 @@ class JobRegistry:
     def __init__(
         self,
         provider: ConnectionProvider,
-        repository: TaskRepository,
-        jobs: list[_Job],
+        store: Store,
+        jobs: list[Job],
         config: SchedulerConfig,
     ) -> None:
         self.connection = provider
-        self.repository = repository
+        self.store = store
         self.config = config
         self.jobs = {job.name(): job for job in jobs}
-        self.scheduler = Scheduler(repository, jobs, config)
-        self.client = SchedulerClient(repository, self.jobs, self.scheduler)
+        self.scheduler = Scheduler(store, jobs, config)
+        self.client = SchedulerClient(
+            store, self.jobs, self.scheduler, dead_after=config.dead_after
+        )
         self._started = False
 
     @property

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from ekbatan_fastapi.errors import ConfigurationError
+from ekbatan_fastapi.domain.errors import ConfigurationError
 from ekbatan_fastapi.settings import EkbatanSettings
 
 log = logging.getLogger("example_app")
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     embedded = None
     if settings.find_jobs_datasource() is None:
-        from ekbatan_fastapi.embedded import start_embedded_postgres
+        from ekbatan_fastapi.store.embedded import start_embedded_postgres
 
         data_dir = Path(args.data_dir).resolve() / "pgdata"
         log.info("no database configured: using the embedded PostgreSQL in %s", data_dir)

@@ -15,13 +15,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ekbatan_fastapi import create_schema
-from ekbatan_fastapi.integration import (
+from ekbatan_fastapi.settings import EkbatanSettings
+from ekbatan_fastapi.web import (
     EkbatanState,
     create_ekbatan_lifespan,
     create_jobs_router,
     get_ekbatan,
 )
-from ekbatan_fastapi.settings import EkbatanSettings
 
 from .config import ExampleSettings, get_example_settings
 from .services import DemoLedger, app_database_url, demo_metadata

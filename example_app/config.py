@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ekbatan_fastapi.durations import parse_iso_duration
+from ekbatan_fastapi.domain.durations import parse_iso_duration
 
 
 def _iso(value: Any) -> Any:

@@ -28,8 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from ekbatan_fastapi.integration import get_ekbatan_settings
 from ekbatan_fastapi.settings import EkbatanSettings
+from ekbatan_fastapi.web import get_ekbatan_settings
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from ekbatan_fastapi import PollingStrategy, create_schema
-from ekbatan_fastapi.embedded import start_embedded_postgres
+from ekbatan_fastapi.store.embedded import start_embedded_postgres
 
 from .helpers import RegistryFactory
 
@@ -157,7 +157,7 @@ class Database:
 
     @property
     def strategies(self) -> tuple[str, ...]:
-        return ("fetch",) if self.dialect == "mysql5" else PollingStrategy.ALL
+        return ("fetch",) if self.dialect == "mysql5" else tuple(PollingStrategy)
 
 
 @pytest.fixture(scope="session")

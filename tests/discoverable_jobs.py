@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends
 
 from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules, distributed_job
-from ekbatan_fastapi.integration import get_ekbatan_settings
 from ekbatan_fastapi.settings import EkbatanSettings
+from ekbatan_fastapi.web import get_ekbatan_settings
 
 
 @distributed_job

@@ -15,13 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ekbatan_fastapi import (
     DistributedJob,
     ExecutionContext,
+    Job,
     JobRegistry,
     OneTimeJob,
     Schedule,
     SchedulerBuilder,
     job_registry,
 )
-from ekbatan_fastapi.job import _Job
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -133,7 +133,7 @@ class RegistryFactory:
 
     def build(
         self,
-        *jobs: _Job,
+        *jobs: Job,
         poll: float = 0.2,
         heartbeat: float = 0.1,
         shutdown: float = 2.0,
@@ -159,7 +159,7 @@ class RegistryFactory:
         self.made.append(registry)
         return registry
 
-    async def start(self, *jobs: _Job, **options: Any) -> JobRegistry:
+    async def start(self, *jobs: Job, **options: Any) -> JobRegistry:
         registry = self.build(*jobs, **options)
         await registry.start()
         assert await registry.wait_until_ready(10), registry.status()

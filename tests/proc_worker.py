@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.types import TypeEngine
 
 from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules, job_registry
-from ekbatan_fastapi.schema import UTCDateTime
+from ekbatan_fastapi.store.tables import UTCDateTime
 
 
 def _timestamp() -> TypeEngine[datetime]:

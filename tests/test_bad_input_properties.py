@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ekbatan_fastapi import Schedule, Schedules, parse_schedule
-from ekbatan_fastapi.durations import format_iso_duration, parse_iso_duration
-from ekbatan_fastapi.errors import ConfigurationError, ScheduleError
+from ekbatan_fastapi.domain.durations import format_iso_duration, parse_iso_duration
+from ekbatan_fastapi.domain.errors import ConfigurationError, ScheduleError
 from ekbatan_fastapi.settings import EkbatanSettings, JobsSettings
 
 ZONES = ["UTC", "Europe/Rome", "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe"]

@@ -22,16 +22,13 @@ def server(postgres_server_url: str) -> common.ServerInfo:
     return common.ServerInfo(url=postgres_server_url, kind="test server", stat_statements=False)
 
 
-def test_db_limit_scripts_use_the_repository_statements_verbatim() -> None:
-    from ekbatan_fastapi.repository.postgresql import PostgresRepository
-
+def test_db_limit_scripts_use_the_task_store_statements_verbatim() -> None:
     scripts = db_limit.build_scripts(with_history=True)
     assert set(scripts) == {"lock-and-fetch", "fetch"}
     assert scripts["lock-and-fetch"].count("\\gset") == 1
     assert scripts["fetch"].count("\\gset") == 2
     assert "FOR UPDATE SKIP LOCKED" in scripts["lock-and-fetch"]
-    assert 'INSERT INTO "ekbatan_execution_history"' in scripts["fetch"]
-    assert PostgresRepository.__name__  # the statements come from the class itself
+    assert "INSERT INTO ekbatan_execution_history" in scripts["fetch"]
 
 
 @pytest.mark.skipif(shutil.which("pgbench") is None, reason="pgbench is not installed")

@@ -42,7 +42,7 @@ def _run_in_thread(
     thread.join(timeout)
     if thread.is_alive():
         for registry in registries:
-            registry.scheduler._stopping = True
+            registry.scheduler.state.stopping = True
         thread.join(10)
         errors.append(TimeoutError(f"the scheduler was still running after {timeout:g}s"))
     return errors
@@ -136,14 +136,18 @@ async def test_a_stale_and_a_fresh_result_of_one_row_in_one_batch_are_told_apart
     "succeeded" and the log did not say the result was superseded."""
     job = RecordingJob("once-an-hour", Schedules.fixed_delay(timedelta(hours=1)))
     registry = await any_registries.start(job)
-    database_back = fail_writes(registry.repository)
+    database_back = fail_writes(registry.store.tasks)
     await wait_until(lambda: len(job.slots) >= 1, what="the first run")
     # the row is revived by this instance itself (its heartbeats fail) and run again
     await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun")
-    await wait_until(lambda: len(registry.scheduler._pending) == 2, what="both results pending")
+    await wait_until(
+        lambda: len(registry.scheduler.completer.pending) == 2, what="both results pending"
+    )
     with caplog.at_level(logging.WARNING, logger="ekbatan_fastapi"):
         database_back()
-        await wait_until(lambda: not registry.scheduler._pending, what="the results recorded")
+        await wait_until(
+            lambda: not registry.scheduler.completer.pending, what="the results recorded"
+        )
     superseded = [r for r in caplog.records if "result not recorded" in r.getMessage()]
     assert len(superseded) == 1, [r.getMessage() for r in caplog.records]
     task = await registry.client.get("once-an-hour", "recurring")
@@ -173,10 +177,12 @@ async def test_a_stale_result_does_not_unregister_the_rerun_of_its_row(
     whose heartbeats then stopped; the rerun was revived and run a third time."""
     job = BlockOnRerun()
     registry = await any_registries.start(job)
-    database_back = fail_writes(registry.repository)
+    database_back = fail_writes(registry.store.tasks)
     await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun")
     database_back()  # only the stale result is pending
-    await wait_until(lambda: not registry.scheduler._pending, what="the stale result rejected")
+    await wait_until(
+        lambda: not registry.scheduler.completer.pending, what="the stale result rejected"
+    )
     await asyncio.sleep(2 * registry.config.dead_after.total_seconds())
     assert len(job.slots) == 2, "the rerun lost its heartbeats and was revived"
     assert [e.version for e in registry.status().running] == [4]

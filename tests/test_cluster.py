@@ -41,7 +41,7 @@ async def _remaining(engine: AsyncEngine) -> int:
         return int((await conn.execute(select(func.count()).select_from(scheduled_tasks))).one()[0])
 
 
-@pytest.mark.parametrize("strategy", PollingStrategy.ALL)
+@pytest.mark.parametrize("strategy", list(PollingStrategy))
 async def test_two_schedulers_execute_10000_instances_exactly_once(
     any_registries: RegistryFactory, any_engine: AsyncEngine, any_database: Database, strategy: str
 ) -> None:

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import ExecutionContext, OneTimeJob, RetryLater, Schedules
-from ekbatan_fastapi.failure import FailureHandler
+from ekbatan_fastapi.domain.failure import FailureHandler
 
 from .helpers import CountingJob, RecordingJob, RegistryFactory, wait_until
 

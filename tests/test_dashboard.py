@@ -12,8 +12,8 @@ from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import Schedules
-from ekbatan_fastapi.integration import JobsReport, create_jobs_router
-from ekbatan_fastapi.integration.dashboard_html import (
+from ekbatan_fastapi.web import JobsReport, create_jobs_router
+from ekbatan_fastapi.web.dashboard_html import (
     DashboardView,
     relative_time,
     render_dashboard,

@@ -29,7 +29,7 @@ from fastapi import FastAPI, HTTPException, Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import Schedules
-from ekbatan_fastapi.integration import EkbatanState, create_ekbatan_lifespan, create_jobs_router
+from ekbatan_fastapi.web import EkbatanState, create_ekbatan_lifespan, create_jobs_router
 
 from .fastapi_helpers import fast_settings
 from .helpers import RecordingJob, RegistryFactory, wait_until

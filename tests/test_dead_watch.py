@@ -33,9 +33,11 @@ async def test_a_dead_peer_execution_is_revived_when_its_dead_window_ends(
     dead_after = registry.config.dead_after
     # The next housekeeping round sees the row and plans a check for the moment it dies.
     await wait_until(
-        lambda: registry.scheduler._next_death is not None, timeout=3, what="the death planned"
+        lambda: registry.scheduler.housekeeper.next_death is not None,
+        timeout=3,
+        what="the death planned",
     )
-    planned = registry.scheduler._next_death
+    planned = registry.scheduler.housekeeper.next_death
     assert planned is not None
     assert abs((planned - (died + dead_after)).total_seconds()) < 0.1
 

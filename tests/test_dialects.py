@@ -11,13 +11,7 @@ from typing import Any
 import pytest
 
 from ekbatan_fastapi import ConfigurationError, PollingStrategy, job_registry
-from ekbatan_fastapi.connection import SUPPORTED_URLS, ConnectionProvider
-from ekbatan_fastapi.repository.mysql import (
-    MariaDBRepository,
-    MySQL5Repository,
-    MySQLRepository,
-)
-from ekbatan_fastapi.repository.postgresql import PostgresRepository
+from ekbatan_fastapi.store.connection import ConnectionProvider, supported_urls
 
 from .helpers import CountingJob
 
@@ -32,30 +26,32 @@ def build(url: str, customize: Any = None) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("scheme", "driver", "repository"),
+    ("scheme", "driver", "dialect"),
     [
-        ("mysql", "mysql+asyncmy", MySQLRepository),
-        ("mysql+asyncmy", "mysql+asyncmy", MySQLRepository),
-        ("mariadb", "mariadb+asyncmy", MariaDBRepository),
-        ("mariadb+asyncmy", "mariadb+asyncmy", MariaDBRepository),
-        ("postgresql", "postgresql+asyncpg", PostgresRepository),
+        ("mysql", "mysql+asyncmy", "mysql"),
+        ("mysql+asyncmy", "mysql+asyncmy", "mysql"),
+        ("mariadb", "mariadb+asyncmy", "mariadb"),
+        ("mariadb+asyncmy", "mariadb+asyncmy", "mariadb"),
+        ("postgresql", "postgresql+asyncpg", "postgresql"),
     ],
 )
 def test_url_scheme_picks_driver_and_dialect_without_connecting(
-    scheme: str, driver: str, repository: type[Any]
+    scheme: str, driver: str, dialect: str
 ) -> None:
     registry = build(f"{scheme}://{UNREACHABLE_HOST}")
     assert registry.engine.url.drivername == driver
-    assert type(registry.repository) is repository
+    assert registry.store.dialect.name == dialect
     assert registry.scheduler.polling_strategy == PollingStrategy.LOCK_AND_FETCH
 
 
 def test_mysql5_is_reachable_only_through_the_override() -> None:
-    assert not any("mysql5" in url for url in SUPPORTED_URLS)
+    assert not any("mysql5" in url for url in supported_urls())
     registry = build(f"mysql+asyncmy://{UNREACHABLE_HOST}", lambda b: b.dialect("mysql5"))
-    assert type(registry.repository) is MySQL5Repository
+    assert registry.store.dialect.name == "mysql5"
     assert registry.scheduler.polling_strategy == PollingStrategy.FETCH
-    assert "migrations/mysql/V0001" in str(registry.repository.missing_table_error())
+    message = str(registry.store.db.missing_table())
+    assert "mysql/V0001__create_scheduled_tasks.sql" in message
+    assert "ekbatan-jobs migrate" in message
     with pytest.raises(ConfigurationError, match="lacks; use 'fetch'"):
         build(
             f"mysql+asyncmy://{UNREACHABLE_HOST}",
@@ -82,10 +78,11 @@ def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
 def test_resolving_a_mysql_url_imports_no_driver() -> None:
     code = (
         "import sys\n"
-        "from ekbatan_fastapi.connection import _SCHEMES, repository_class\n"
-        "driver, dialect = _SCHEMES['mysql']\n"
-        "assert (driver, dialect) == ('mysql+asyncmy', 'mysql'), (driver, dialect)\n"
-        "assert repository_class(dialect).__name__ == 'MySQLRepository'\n"
+        "import ekbatan_fastapi\n"
+        "from ekbatan_fastapi.store.dialects import dialect\n"
+        "mysql = dialect('mysql')\n"
+        "assert mysql.schemes['mysql'] == 'mysql+asyncmy', mysql.schemes\n"
+        "assert mysql.tasks.__name__ == 'MySQLTaskStore', mysql.tasks\n"
         "assert 'asyncmy' not in sys.modules, 'asyncmy was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -123,7 +120,7 @@ async def test_a_mariadb_url_runs_jobs_on_a_mariadb_server(mysql_server_url: str
             .heartbeat_interval(timedelta(seconds=0.1))
             .build()
         )
-        assert type(registry.repository) is MariaDBRepository
+        assert registry.store.dialect.name == "mariadb"
         async with registry:
             await wait_until(lambda: len(job.slots) >= 3, what="three runs")
         assert registry.status().last_error is None

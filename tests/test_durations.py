@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ekbatan_fastapi.durations import format_iso_duration, parse_iso_duration
-from ekbatan_fastapi.errors import ScheduleError
+from ekbatan_fastapi.domain.durations import format_iso_duration, parse_iso_duration
+from ekbatan_fastapi.domain.errors import ScheduleError
 
 
 @pytest.mark.parametrize(

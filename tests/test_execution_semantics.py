@@ -16,7 +16,7 @@ from ekbatan_fastapi import (
     Schedules,
     scheduled_tasks,
 )
-from ekbatan_fastapi.failure import FailureHandler
+from ekbatan_fastapi.domain.failure import FailureHandler
 
 from .helpers import RecordingJob, RegistryFactory, db_now, wait_until
 

@@ -19,7 +19,7 @@ def make(ticks: Ticks) -> HeartbeatState:
     return HeartbeatState(
         heartbeat_interval=timedelta(seconds=10),
         dead_after=timedelta(seconds=60),
-        _monotonic=ticks,
+        monotonic=ticks,
         last_success=ticks(),
     )
 

@@ -20,9 +20,10 @@ from ekbatan_fastapi import (
     Schedules,
     create_schema,
 )
-from ekbatan_fastapi.repository.base import Lease
-from ekbatan_fastapi.repository.model import Finish, FinishKind, HistoryEntry, Owned
-from ekbatan_fastapi.repository.postgresql import PostgresRepository
+from ekbatan_fastapi.domain.records import ExecutionRecord
+from ekbatan_fastapi.domain.rows import Finish, FinishKind, Owned
+from ekbatan_fastapi.store.dialects import open_store
+from ekbatan_fastapi.store.lease import Lease
 
 from .helpers import CountingJob, RecordingJob, RegistryFactory, fail_writes, wait_until
 
@@ -97,11 +98,13 @@ async def test_history_of_a_stale_and_a_fresh_result_in_one_completion(
     version matches nothing), the fresh one's as succeeded."""
     job = RecordingJob("twice", Schedules.fixed_delay(timedelta(hours=1)))
     registry = await registries.start(job)
-    database_back = fail_writes(registry.repository)
+    database_back = fail_writes(registry.store.tasks)
     await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun after revival")
-    await wait_until(lambda: len(registry.scheduler._pending) == 2, what="both results pending")
+    await wait_until(
+        lambda: len(registry.scheduler.completer.pending) == 2, what="both results pending"
+    )
     database_back()
-    await wait_until(lambda: not registry.scheduler._pending, what="the results written")
+    await wait_until(lambda: not registry.scheduler.completer.pending, what="the results written")
     outcomes = sorted(r.outcome for r in await registry.client.history("twice"))
     assert outcomes == ["succeeded", "superseded"]
 
@@ -229,16 +232,16 @@ async def test_a_retried_completion_does_not_write_its_history_twice(
     row, and must not add a "superseded" record next to the real one."""
     job = CountingJob()
     registry = registries.build(job)
-    repository = registry.repository
+    repository = registry.store.tasks
     await create_schema(engine)
     await registry.client.schedule("count", "once")
     result = await repository.poll(["count"], 10, "me", "lock-and-fetch")
     (row,) = result.claimed
     finish = Finish(Owned(row.task_name, row.task_instance, row.version), FinishKind.DELETED)
     now = result.db_now
-    entry = HistoryEntry(
-        row.task_name, row.task_instance, row.version, row.execution_time, now, now,
-        "succeeded", None, None,
+    entry = ExecutionRecord(
+        row.task_name, row.task_instance, row.execution_time, "me", now, now,
+        "succeeded", None, None, version=row.version,
     )  # fmt: skip
     assert await repository.finish([finish], history=[entry], picked_by="me") == {row.key}
     assert await repository.finish([finish], history=[entry], picked_by="me", retry=True) == set()
@@ -263,4 +266,4 @@ async def test_a_retried_completion_does_not_write_its_history_twice(
 def test_the_postgresql_dialect_needs_asyncpg() -> None:
     engine = SimpleNamespace(dialect=SimpleNamespace(driver="psycopg"))
     with pytest.raises(ConfigurationError, match=r"postgresql\+asyncpg://"):
-        PostgresRepository(engine, "scheduled_tasks")
+        open_store(engine, "postgresql")  # type: ignore[arg-type]

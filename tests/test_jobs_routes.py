@@ -14,16 +14,15 @@ from fastapi import FastAPI, Header, HTTPException
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ekbatan_fastapi import ExecutionContext, OneTimeJob, Schedules, scheduled_tasks
+from ekbatan_fastapi import ExecutionContext, Job, OneTimeJob, Schedules, scheduled_tasks
 from ekbatan_fastapi.client import ScheduledTask
-from ekbatan_fastapi.integration import (
+from ekbatan_fastapi.web import (
     EkbatanState,
     create_ekbatan_lifespan,
     create_jobs_router,
     derive_state,
     jobs_router,
 )
-from ekbatan_fastapi.job import _Job
 
 from .fastapi_helpers import fast_settings, running
 from .helpers import RecordingJob, wait_until
@@ -45,7 +44,7 @@ class DataJob(OneTimeJob):
         pass
 
 
-def make_app(database_url: str, *jobs: _Job, router: Any = None, url: str | None = None) -> FastAPI:
+def make_app(database_url: str, *jobs: Job, router: Any = None, url: str | None = None) -> FastAPI:
     lifespan = create_ekbatan_lifespan(
         settings=fast_settings(url or database_url), jobs=jobs, discover=False
     )
@@ -56,7 +55,7 @@ def make_app(database_url: str, *jobs: _Job, router: Any = None, url: str | None
 
 @asynccontextmanager
 async def serving(
-    database_url: str, *jobs: _Job, router: Any = None
+    database_url: str, *jobs: Job, router: Any = None
 ) -> AsyncIterator[tuple[httpx.AsyncClient, EkbatanState]]:
     app = make_app(database_url, *jobs, router=router)
     async with running(app) as client:
@@ -205,7 +204,7 @@ def test_derived_state(row: ScheduledTask, known: bool, expected: str) -> None:
         NOW,
         known=known,
         dead_after=timedelta(seconds=60),
-        overdue_grace=timedelta(seconds=20),
+        overdue_after=timedelta(seconds=20),
     )
     assert state == expected
 

@@ -24,8 +24,8 @@ from ekbatan_fastapi import (
     distributed_job,
     job_registry,
 )
-from ekbatan_fastapi.errors import ConfigurationError
-from ekbatan_fastapi.integration import (
+from ekbatan_fastapi.domain.errors import ConfigurationError
+from ekbatan_fastapi.web import (
     EkbatanState,
     create_ekbatan_lifespan,
     ekbatan_lifespan,

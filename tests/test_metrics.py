@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import ConfigurationError, Schedules
-from ekbatan_fastapi.integration import create_ekbatan_lifespan, jobs_router, metrics_router
 from ekbatan_fastapi.metrics import EkbatanMetrics
+from ekbatan_fastapi.web import create_ekbatan_lifespan, jobs_router, metrics_router
 
 from .fastapi_helpers import fast_settings, running
 from .helpers import CountingJob, RecordingJob, RegistryFactory, wait_until
@@ -137,7 +137,7 @@ def test_missing_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyPat
 
 def test_the_core_does_not_import_prometheus_client() -> None:
     code = (
-        "import sys, ekbatan_fastapi, ekbatan_fastapi.metrics, ekbatan_fastapi.observer; "
+        "import sys, ekbatan_fastapi, ekbatan_fastapi.metrics, ekbatan_fastapi.engine.observer; "
         "assert 'prometheus_client' not in sys.modules"
     )
     subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ekbatan_fastapi.errors import ConfigurationError
-from ekbatan_fastapi.migrate import available_migrations
+from ekbatan_fastapi.domain.errors import ConfigurationError
+from ekbatan_fastapi.store.migrate import available_migrations
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGED = ROOT / "ekbatan_fastapi" / "migrations"
@@ -38,7 +38,7 @@ def test_every_dialect_has_its_migrations(dialect: str, folder: str) -> None:
         "ekbatan_paused_tasks",
         "ekbatan_scheduler_instances",
     ]
-    with pytest.raises(ConfigurationError, match="no migrations for dialect 'oracle'"):
+    with pytest.raises(ConfigurationError, match="dialect 'oracle' is not supported"):
         available_migrations("oracle")
 
 

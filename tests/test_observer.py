@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import ConfigurationError, Outcome, Scheduler, Schedules, job_registry
-from ekbatan_fastapi.observer import ExecutionFinished, SchedulerObserver
+from ekbatan_fastapi.engine.observer import ExecutionFinished, SchedulerObserver
 
 from .helpers import CountingJob, RecordingJob, RegistryFactory, wait_until
 
@@ -122,7 +122,7 @@ async def test_a_failing_observer_is_logged_and_never_stops_the_scheduler(
     registries: RegistryFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     job = CountingJob()
-    with caplog.at_level(logging.ERROR, logger="ekbatan_fastapi.observer"):
+    with caplog.at_level(logging.ERROR, logger="ekbatan_fastapi.engine.observer"):
         registry = await registries.start(job, customize=lambda b: b.observer(Broken()))
         for instance in "abc":
             await registry.client.schedule("count", instance)

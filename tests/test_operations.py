@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,13 +12,15 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ekbatan_fastapi import (
+    HeartbeatState,
     Schedules,
     SchemaMissingError,
     TaskPausedError,
     create_schema,
 )
-from ekbatan_fastapi.operations.recorder import OperationsRecorder
-from ekbatan_fastapi.repository.model import FinishKind
+from ekbatan_fastapi.domain.rows import Finish, FinishKind, Owned, TaskRow
+from ekbatan_fastapi.engine.execution import Execution
+from ekbatan_fastapi.engine.history import HistoryRecorder
 
 from .helpers import CountingJob, RecordingJob, RegistryFactory, is_mysql, wait_until
 
@@ -196,33 +197,35 @@ async def test_without_the_operations_tables_scheduling_still_works(
 
 
 class _Ops:
-    """Stands in for OperationsRepository: remembers each insert's size and time."""
+    """Stands in for OperationsStore (its tables present): remembers each insert's size and
+    time."""
+
+    present = True
 
     def __init__(self) -> None:
         self.inserts: list[tuple[int, float]] = []
 
-    async def insert_history(self, records: Any, picked_by: str) -> None:
+    async def insert_history(self, records: Any) -> None:
         self.inserts.append((len(records), asyncio.get_running_loop().time()))
 
 
 def _finished(n: int) -> tuple[Any, Any]:
-    row = SimpleNamespace(
-        task_name="t", task_instance=f"i{n}", version=2, execution_time=datetime.now(UTC)
-    )
-    execution = SimpleNamespace(row=row, error=None, started=row.execution_time, finished_at=None)
-    return execution, SimpleNamespace(kind=FinishKind.DELETED)
+    now = datetime.now(UTC)
+    row = TaskRow("t", f"i{n}", None, now, True, "me", None, None, 0, now, 2, 0)
+    heartbeat = HeartbeatState(timedelta(seconds=1), timedelta(seconds=4))
+    execution = Execution(row, CountingJob(), heartbeat, now)
+    return execution, Finish(Owned("t", f"i{n}", 2), FinishKind.DELETED)
 
 
 async def test_history_writer_lingers_for_a_batch_and_flushes_at_shutdown() -> None:
     ops = _Ops()
-    recorder = OperationsRecorder(
+    recorder = HistoryRecorder(
         ops,  # type: ignore[arg-type]
         "me",
         history=True,
         retention=timedelta(days=1),
         on_db_error=lambda error, where: None,
     )
-    recorder.available = True
     writer = asyncio.create_task(recorder.run())
     loop = asyncio.get_running_loop()
     began = loop.time()

@@ -8,12 +8,12 @@ from typing import Any
 
 import httpx
 from fastapi import Header, HTTPException
-from sqlalchemy import MetaData, insert, text
+from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ekbatan_fastapi import Schedules, create_schema
-from ekbatan_fastapi.integration import EkbatanState, create_jobs_router
-from ekbatan_fastapi.operations.tables import OperationsTables
+from ekbatan_fastapi.store.tables import Tables
+from ekbatan_fastapi.web import EkbatanState, create_jobs_router
 
 from .helpers import RecordingJob, wait_until
 from .test_jobs_routes import insert_row, require_token, serving
@@ -72,7 +72,7 @@ async def _has_instances(client: httpx.AsyncClient) -> bool:
 async def test_an_instance_gone_quiet_is_listed_as_not_alive(
     engine: AsyncEngine, database_url: str
 ) -> None:
-    tables = OperationsTables(MetaData())
+    tables = Tables()
     long_ago = datetime.now(UTC) - HOUR
     async with engine.begin() as conn:
         await conn.execute(

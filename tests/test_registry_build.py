@@ -12,19 +12,19 @@ import pytest
 from ekbatan_fastapi import (
     ConfigurationError,
     ExecutionContext,
+    Job,
     OneTimeJob,
     PollingStrategy,
     Schedules,
     job_registry,
 )
-from ekbatan_fastapi.job import _Job
 
 from .helpers import CountingJob, RecordingJob
 
 UNREACHABLE = "postgresql+asyncpg://nobody:secret@127.0.0.1:1/nowhere"
 
 
-def build(*jobs: _Job, url: Any = UNREACHABLE, customize: Any = None) -> Any:
+def build(*jobs: Job, url: Any = UNREACHABLE, customize: Any = None) -> Any:
     builder = job_registry().connection_provider(url).with_jobs(jobs)
     if customize is not None:
         builder.customize_scheduler(customize)
@@ -35,7 +35,7 @@ def test_build_opens_no_connection_and_reads_the_dialect_from_the_url() -> None:
     began = time.monotonic()
     registry = build(RecordingJob("a", Schedules.fixed_delay(timedelta(seconds=1))))
     assert time.monotonic() - began < 0.5
-    assert registry.repository.dialect_name == "postgresql"
+    assert registry.store.tasks.dialect_name == "postgresql"
     assert registry.scheduler.polling_strategy == PollingStrategy.LOCK_AND_FETCH
     assert registry.config.missed_heartbeats_limit == 6
     assert registry.config.polling_interval == timedelta(seconds=10)

@@ -14,8 +14,9 @@ from sqlalchemy import insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import scheduled_tasks
-from ekbatan_fastapi.connection import repository_class
-from ekbatan_fastapi.repository import Finish, FinishKind, NewTask, Owned, TaskRepository
+from ekbatan_fastapi.domain.rows import Finish, FinishKind, NewTask, Owned, Revival
+from ekbatan_fastapi.store.dialects import open_store
+from ekbatan_fastapi.store.tasks import TaskStore
 
 from .conftest import MYSQL_SESSION_TIME_ZONE, Database
 from .helpers import db_now, is_mysql
@@ -24,8 +25,8 @@ T = scheduled_tasks
 
 
 @pytest.fixture
-def repo(any_database: Database, any_engine: AsyncEngine) -> TaskRepository:
-    return repository_class(any_database.dialect)(any_engine, "scheduled_tasks")
+def repo(any_database: Database, any_engine: AsyncEngine) -> TaskStore:
+    return open_store(any_engine, any_database.dialect).tasks
 
 
 async def _due_rows(engine: AsyncEngine, name: str, n: int) -> list[tuple[str, str]]:
@@ -54,7 +55,7 @@ async def _bump_version(engine: AsyncEngine, key: tuple[str, str]) -> None:
 
 
 async def test_timestamps_are_utc_whatever_the_session_time_zone(
-    repo: TaskRepository, any_engine: AsyncEngine
+    repo: TaskStore, any_engine: AsyncEngine
 ) -> None:
     if is_mysql(any_engine):
         async with any_engine.connect() as conn:
@@ -82,7 +83,7 @@ async def test_timestamps_are_utc_whatever_the_session_time_zone(
 
 
 async def test_insert_missing_reports_exactly_the_rows_it_inserted(
-    any_database: Database, any_engine: AsyncEngine, repo: TaskRepository
+    any_database: Database, any_engine: AsyncEngine, repo: TaskStore
 ) -> None:
     at = datetime(2030, 1, 1, tzinfo=UTC)
     first = await repo.insert_missing([NewTask("r", "a", at), NewTask("r", "b", at)])
@@ -90,7 +91,7 @@ async def test_insert_missing_reports_exactly_the_rows_it_inserted(
     again = await repo.insert_missing([NewTask("r", "b", at), NewTask("r", "c", at)] * 2)
     assert again == [("r", "c")]
     # instances racing to create the same rows: each row is reported by exactly one of them
-    peers = [repository_class(any_database.dialect)(any_engine, "scheduled_tasks") for _ in "xyz"]
+    peers = [open_store(any_engine, any_database.dialect).tasks for _ in "xyz"]
     tasks = [NewTask("race", f"k{i:03d}", at) for i in range(200)]
     answers = await asyncio.gather(*(p.insert_missing(tasks) for p in peers))
     reported = [key for answer in answers for key in answer]
@@ -98,7 +99,7 @@ async def test_insert_missing_reports_exactly_the_rows_it_inserted(
 
 
 async def test_upsert_keeps_or_replaces_unpicked_rows_only(
-    repo: TaskRepository, any_engine: AsyncEngine, any_database: Database
+    repo: TaskStore, any_engine: AsyncEngine, any_database: Database
 ) -> None:
     first = datetime(2030, 1, 1, tzinfo=UTC)
     second = datetime(2030, 6, 1, tzinfo=UTC)
@@ -125,7 +126,7 @@ async def test_upsert_keeps_or_replaces_unpicked_rows_only(
 
 @pytest.mark.parametrize("strategy", ["fetch", "lock-and-fetch"])
 async def test_concurrent_polls_claim_each_row_once(
-    repo: TaskRepository,
+    repo: TaskStore,
     any_database: Database,
     any_engine: AsyncEngine,
     strategy: str,
@@ -133,8 +134,7 @@ async def test_concurrent_polls_claim_each_row_once(
     if strategy not in any_database.strategies:
         pytest.skip(f"{any_database.dialect} has no {strategy}")
     keys = await _due_rows(any_engine, "p", 300)
-    dialect = repository_class(any_database.dialect)
-    pollers = [dialect(any_engine, "scheduled_tasks") for _ in range(4)]
+    pollers = [open_store(any_engine, any_database.dialect).tasks for _ in range(4)]
     claimed: dict[tuple[str, str], str] = {}
     for _ in range(10):
         results = await asyncio.gather(
@@ -156,7 +156,7 @@ async def test_concurrent_polls_claim_each_row_once(
 
 
 async def test_poll_reports_the_next_due_time_and_ignores_unknown_names(
-    repo: TaskRepository, any_database: Database
+    repo: TaskStore, any_database: Database
 ) -> None:
     now = await repo.db_now()
     soon, later = now + timedelta(minutes=5), now + timedelta(hours=1)
@@ -174,7 +174,7 @@ async def test_poll_reports_the_next_due_time_and_ignores_unknown_names(
 
 
 async def test_finish_records_only_rows_still_owned(
-    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+    repo: TaskStore, any_database: Database, any_engine: AsyncEngine
 ) -> None:
     keys = await _due_rows(any_engine, "f", 5)
     claimed = (await repo.poll(["f"], 10, "me", any_database.strategies[0])).claimed
@@ -214,7 +214,7 @@ async def test_finish_records_only_rows_still_owned(
 
 
 async def test_heartbeat_answers_which_rows_are_still_owned(
-    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+    repo: TaskStore, any_database: Database, any_engine: AsyncEngine
 ) -> None:
     keys = await _due_rows(any_engine, "h", 3)
     claimed = (await repo.poll(["h"], 10, "me", any_database.strategies[0])).claimed
@@ -231,7 +231,7 @@ async def test_heartbeat_answers_which_rows_are_still_owned(
 
 
 async def test_revive_dead_keeps_the_slot_and_reports_the_row_as_it_was(
-    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+    repo: TaskStore, any_database: Database, any_engine: AsyncEngine
 ) -> None:
     keys = await _due_rows(any_engine, "d", 2)
     claimed = {
@@ -241,7 +241,7 @@ async def test_revive_dead_keeps_the_slot_and_reports_the_row_as_it_was(
     old = await db_now(any_engine) - timedelta(hours=1)
     async with any_engine.begin() as conn:
         await conn.execute(update(T).where(T.c.task_instance == dead[1]).values(last_heartbeat=old))
-    revived = await repo.revive_dead(["d"], timedelta(minutes=1))
+    revived = (await repo.revive_dead(["d"], timedelta(minutes=1))).revived
     assert [r.key for r in revived] == [dead]
     (row,) = revived
     assert row.picked and row.picked_by == "gone" and row.last_heartbeat == old
@@ -251,16 +251,16 @@ async def test_revive_dead_keeps_the_slot_and_reports_the_row_as_it_was(
     assert after[dead].version == claimed[dead].version + 1
     assert after[dead].execution_time == claimed[dead].execution_time, "the slot is kept"
     assert after[alive].picked and after[alive].version == claimed[alive].version
-    assert await repo.revive_dead(["d"], timedelta(minutes=1)) == []
-    assert await repo.revive_dead(["other"], timedelta(seconds=0)) == []
+    assert (await repo.revive_dead(["d"], timedelta(minutes=1))).revived == []
+    assert (await repo.revive_dead(["other"], timedelta(seconds=0))).revived == []
 
 
-async def test_revive_and_watch_says_when_the_next_picked_row_would_die(
-    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+async def test_revive_dead_says_when_the_next_picked_row_would_die(
+    repo: TaskStore, any_database: Database, any_engine: AsyncEngine
 ) -> None:
-    assert await repo.revive_and_watch(["w"], timedelta(minutes=1)) == ([], None)
+    assert await repo.revive_dead(["w"], timedelta(minutes=1)) == Revival([], None)
     await _due_rows(any_engine, "w", 2)
-    assert await repo.revive_and_watch(["w"], timedelta(minutes=1)) == ([], None), "none picked"
+    assert await repo.revive_dead(["w"], timedelta(minutes=1)) == Revival([], None), "none picked"
     claimed = (await repo.poll(["w"], 10, "peer", any_database.strategies[0])).claimed
     older = await db_now(any_engine) - timedelta(seconds=20)
     async with any_engine.begin() as conn:
@@ -269,23 +269,21 @@ async def test_revive_and_watch_says_when_the_next_picked_row_would_die(
             .where(T.c.task_instance == claimed[0].task_instance)
             .values(last_heartbeat=older)
         )
-    revived, next_death = await repo.revive_and_watch(["w"], timedelta(minutes=1))
+    revival = await repo.revive_dead(["w"], timedelta(minutes=1))
+    revived, next_death = revival.revived, revival.next_death
     assert revived == [] and next_death is not None
     assert abs((next_death - (older + timedelta(minutes=1))).total_seconds()) < 0.01
-    revived, next_death = await repo.revive_and_watch(["w"], timedelta(seconds=10))
+    revival = await repo.revive_dead(["w"], timedelta(seconds=10))
+    revived, next_death = revival.revived, revival.next_death
     assert [r.task_instance for r in revived] == [claimed[0].task_instance]
     assert next_death is not None, "the other picked row is still alive"
     assert next_death > await db_now(any_engine)
 
 
-async def test_poll_skips_paused_task_names_once_pauses_are_enabled(
-    repo: TaskRepository, any_database: Database, any_engine: AsyncEngine
+async def test_poll_skips_paused_task_names_when_asked_to(
+    repo: TaskStore, any_database: Database, any_engine: AsyncEngine
 ) -> None:
-    from sqlalchemy import MetaData
-
-    from ekbatan_fastapi.operations.tables import OperationsTables
-
-    paused = OperationsTables(MetaData()).paused
+    paused = repo.db.tables.paused
     now = await repo.db_now()
     for strategy in any_database.strategies:
         await repo.insert_missing(
@@ -297,11 +295,10 @@ async def test_poll_skips_paused_task_names_once_pauses_are_enabled(
         )
     async with any_engine.begin() as conn:
         await conn.execute(insert(paused).values(task_name="held", paused_at=now))
-    repo.pauses_enabled = True
     for strategy in any_database.strategies:
-        result = await repo.poll(["held", "free"], 10, "me", strategy)
+        result = await repo.poll(["held", "free"], 10, "me", strategy, skip_paused=True)
         assert result.claimed == [] and result.next_due == now + timedelta(minutes=2)
-    repo.pauses_enabled = False  # before the operations tables are known: no filter
+    # before the operations tables are known: no filter
     result = await repo.poll(["held", "free"], 10, "me", any_database.strategies[0])
     assert {r.task_name for r in result.claimed} == {"held"}
 
@@ -315,8 +312,7 @@ async def test_claims_stay_exclusive_on_an_engine_configured_for_autocommit(
     keys = await _due_rows(any_engine, "ac", 120)
     engine = create_async_engine(any_database.url, isolation_level="AUTOCOMMIT")
     try:
-        dialect = repository_class(any_database.dialect)
-        pollers = [dialect(engine, "scheduled_tasks") for _ in range(3)]
+        pollers = [open_store(engine, any_database.dialect).tasks for _ in range(3)]
         claimed: list[tuple[str, str]] = []
         for strategy in any_database.strategies:
             results = await asyncio.gather(
@@ -332,7 +328,7 @@ async def test_claims_stay_exclusive_on_an_engine_configured_for_autocommit(
 
 
 async def test_insert_missing_takes_thousands_of_rows_and_none_means_the_database_clock(
-    repo: TaskRepository,
+    repo: TaskStore,
 ) -> None:
     at = datetime(2030, 1, 1, tzinfo=UTC)
     tasks = [NewTask("bulk", f"k{i:05d}", None if i % 2 else at, b"x", 3) for i in range(5000)]
@@ -347,7 +343,7 @@ async def test_insert_missing_takes_thousands_of_rows_and_none_means_the_databas
 
 
 async def test_names_differing_only_in_case_are_one_row_on_mysql_two_on_postgresql(
-    repo: TaskRepository, any_engine: AsyncEngine
+    repo: TaskStore, any_engine: AsyncEngine
 ) -> None:
     """docs/databases.md: the MySQL/MariaDB key columns compare without case by default."""
     at = datetime(2030, 1, 1, tzinfo=UTC)

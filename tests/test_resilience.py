@@ -22,7 +22,6 @@ from ekbatan_fastapi import (
     create_schema,
     scheduled_tasks,
 )
-from ekbatan_fastapi.connection import repository_class
 
 from .conftest import Database
 from .helpers import CountingJob, RecordingJob, RegistryFactory, TcpProxy, db_now, wait_until
@@ -38,7 +37,7 @@ async def test_start_returns_promptly_while_the_database_is_unreachable_then_wor
     proxy = TcpProxy(any_database.url)
     job = RecordingJob("tick", Schedules.fixed_delay(timedelta(milliseconds=50)))
     registry = any_registries.build(job, url=proxy.url.render_as_string(hide_password=False))
-    assert type(registry.repository) is repository_class(any_database.dialect)
+    assert registry.store.dialect.name == any_database.dialect
     began = time.monotonic()
     await registry.start()
     assert time.monotonic() - began < 0.5
@@ -70,8 +69,9 @@ async def test_missing_table_says_how_to_create_it_and_recovers(
         await wait_until(lambda: registry.status().last_error is not None, what="an error")
     message = registry.status().last_error or ""
     assert "'other_tasks' does not exist" in message
-    migration = f"migrations/{any_database.migrations}/V0001"
+    migration = f"{any_database.migrations}/V0001__create_scheduled_tasks.sql"
     assert "create_schema" in message and migration in message
+    assert "ekbatan-jobs migrate" in message
     assert any("create_schema" in r.getMessage() for r in caplog.records)
     with pytest.raises(SchemaMissingError, match="create_schema"):
         await registry.client.list()
@@ -107,8 +107,8 @@ async def test_stale_execution_cannot_record_its_result(
         raise OSError("network partition")
 
     # This instance can no longer reach the database, but its job runs on.
-    stale.repository.heartbeat = partitioned  # type: ignore[method-assign,assignment]
-    stale.repository.poll = partitioned  # type: ignore[method-assign,assignment]
+    stale.store.tasks.heartbeat = partitioned  # type: ignore[method-assign,assignment]
+    stale.store.tasks.poll = partitioned  # type: ignore[method-assign,assignment]
     peer_job = RecordingJob("looping", Schedules.fixed_delay(timedelta(hours=1)))
     await any_registries.start(peer_job)
     await asyncio.wait_for(peer_job.started.wait(), 5)  # revived and rerun on the peer

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ekbatan_fastapi.errors import ScheduleError
-from ekbatan_fastapi.schedules import (
+from ekbatan_fastapi.domain.errors import ScheduleError
+from ekbatan_fastapi.domain.schedules import (
     Cron,
     Daily,
     Disabled,

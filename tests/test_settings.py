@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ekbatan_fastapi.errors import ConfigurationError
-from ekbatan_fastapi.integration import build_registry
+from ekbatan_fastapi.domain.errors import ConfigurationError
 from ekbatan_fastapi.settings import DataSourceConfig, EkbatanSettings
+from ekbatan_fastapi.web import build_registry
 
 SLOT_ENV = "EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG"
 

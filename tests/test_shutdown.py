@@ -130,7 +130,7 @@ async def test_stop_during_a_claim_runs_what_was_claimed(
     job = CountingJob()
     registry = registries.build(job, poll=30.0)
     await registry.client.schedule("count", "claimed-while-stopping")
-    real_poll = registry.repository.poll
+    real_poll = registry.store.tasks.poll
     in_poll = asyncio.Event()
 
     async def slow_poll(*args: Any, **kwargs: Any) -> Any:
@@ -140,7 +140,7 @@ async def test_stop_during_a_claim_runs_what_was_claimed(
             await asyncio.sleep(0.3)  # ...and stop() arrives before the rows are started
         return result
 
-    registry.repository.poll = slow_poll  # type: ignore[method-assign]
+    registry.store.tasks.poll = slow_poll  # type: ignore[method-assign]
     await registry.start()
     await asyncio.wait_for(in_poll.wait(), 5)
     await registry.stop()

@@ -3,7 +3,8 @@ pause, resume, instances). See docs/cli.md.
 
 The database is ``--url`` or, as for the application, the ``jobs-config`` slot of the settings
 (``EKBATAN_...`` environment variables, the YAML file of ``EKBATAN_CONFIG_FILE`` or
-``--config``). It talks to the database only: no job code is loaded, nothing is scheduled here.
+``--config``). It talks to the database only, through the same client as the application: no
+job code is loaded and no scheduler runs here.
 """
 
 from __future__ import annotations
@@ -12,9 +13,18 @@ import argparse
 import asyncio
 from collections.abc import Sequence
 
-from ..errors import ConfigurationError, EkbatanError, ScheduleError, SchemaMissingError
+from ..domain.errors import (
+    ConfigurationError,
+    EkbatanError,
+    ScheduleError,
+    SchemaMissingError,
+    TaskNotFoundError,
+    TaskPausedError,
+    TaskPickedError,
+)
 from .args import parser
-from .commands import COMMANDS, EXIT, CliError, connect
+from .commands import COMMANDS
+from .context import EXIT, CliError, connect
 from .output import Output
 
 __all__ = ["EXIT", "main", "parser", "run"]
@@ -34,9 +44,13 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     except CliError as error:
         return out.fail(error.code, str(error))
     except SchemaMissingError as error:
-        return out.fail(EXIT.SCHEMA_MISSING, f"{error} (or run `ekbatan-jobs migrate`)")
+        return out.fail(EXIT.SCHEMA_MISSING, str(error))
     except (ConfigurationError, ScheduleError) as error:
         return out.fail(EXIT.USAGE, str(error))
+    except TaskNotFoundError as error:
+        return out.fail(EXIT.UNKNOWN_TASK, str(error))
+    except (TaskPickedError, TaskPausedError) as error:
+        return out.fail(EXIT.CONFLICT, str(error))
     except EkbatanError as error:
         return out.fail(EXIT.FAILED, str(error))
     except (OSError, TimeoutError) as error:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..job import RECURRING_INSTANCE
+from ..domain.job import RECURRING_INSTANCE
 
 __all__ = ["parser"]
 
@@ -12,8 +12,9 @@ _DESCRIPTION = """\
 Operate ekbatan-fastapi's jobs tables: apply the migrations, list the tasks, read the
 execution history, run a task now, pause and resume it cluster-wide.
 
-The database is --url, or the jobs-config slot of the settings, as the application reads
-them: EKBATAN_... environment variables and the YAML file of EKBATAN_CONFIG_FILE (--config).
+The database is --url, or the application's database setting (the jobs-config slot of its
+settings), read as the application reads it: EKBATAN_... environment variables and the YAML
+file of EKBATAN_CONFIG_FILE (--config).
 """
 
 _EPILOG = """\

@@ -1,5 +1,5 @@
 """What ``ekbatan-jobs`` prints: aligned tables for people, one JSON document with ``--json``,
-messages on stderr, and the derived state of each row (as ``/jobs`` derives it)."""
+and messages on stderr."""
 
 from __future__ import annotations
 
@@ -9,27 +9,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TextIO
 
-from ..operations.models import PauseInfo
-from ..repository.model import TaskRow
+from ..domain.records import PauseInfo
+from ..domain.tasks import ScheduledTask, derive_state, heartbeat_age
 
 __all__ = ["Output", "row_view"]
 
 _CELL = 60
-
-
-def _state(row: TaskRow, now: datetime, paused: bool, dead: timedelta, overdue: timedelta) -> str:
-    """``dead`` > ``running`` > ``paused`` > ``overdue`` > ``failing`` > ``scheduled``."""
-    if row.picked:
-        if row.last_heartbeat is None or now - row.last_heartbeat > dead:
-            return "dead"
-        return "running"
-    if paused:
-        return "paused"
-    if now - row.execution_time > overdue:
-        return "overdue"
-    if row.consecutive_failures:
-        return "failing"
-    return "scheduled"
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -37,27 +22,29 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def row_view(
-    row: TaskRow,
+    row: ScheduledTask,
     now: datetime,
     pause: PauseInfo | None,
     dead_after: timedelta,
     overdue_after: timedelta,
 ) -> dict[str, Any]:
-    """One row of ``scheduled_tasks`` as ``list`` shows it."""
-    age = None
-    if row.picked and row.last_heartbeat is not None:
-        age = round((now - row.last_heartbeat).total_seconds(), 3)
+    """One row of ``scheduled_tasks`` as ``list`` shows it (its state as ``/jobs`` derives
+    it; the CLI loads no jobs, so no row counts as unresolved)."""
+    age = heartbeat_age(row, now)
+    state = derive_state(
+        row, now, dead_after=dead_after, overdue_after=overdue_after, paused=pause is not None
+    )
     return {
         "task_name": row.task_name,
         "task_instance": row.task_instance,
-        "state": _state(row, now, pause is not None, dead_after, overdue_after),
+        "state": state,
         "execution_time": _iso(row.execution_time),
         "picked": row.picked,
         "picked_by": row.picked_by,
-        "heartbeat_age": age,
+        "heartbeat_age": round(age.total_seconds(), 3) if age is not None else None,
         "last_success": _iso(row.last_success),
         "last_failure": _iso(row.last_failure),
-        "consecutive_failures": row.consecutive_failures or 0,
+        "consecutive_failures": row.consecutive_failures,
         "version": row.version,
         "paused_by": pause.paused_by if pause else None,
         "paused_at": _iso(pause.paused_at) if pause else None,

@@ -1,0 +1,103 @@
+"""What every ``ekbatan-jobs`` command works with: the settings, a one-connection pool, the
+store and the client over it (no scheduler runs in the CLI), and the output."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..client import SchedulerClient
+from ..domain.tasks import dead_after, overdue_after
+from ..store.connection import ConnectionProvider
+from ..store.dialects import Store, open_store
+from ..store.tables import DEFAULT_TABLE_NAME
+from .output import Output
+
+if TYPE_CHECKING:
+    from ..settings import EkbatanSettings
+
+__all__ = ["EXIT", "CliError", "Context", "connect"]
+
+
+class EXIT:
+    """The exit codes (documented in docs/cli.md)."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    """A bad argument or setting (argparse uses 2 as well)."""
+    UNKNOWN_TASK = 3
+    UNREACHABLE = 4
+    SCHEMA_MISSING = 5
+    CONFLICT = 6
+    """The task is running right now, or paused (run-now without --force)."""
+
+
+class CliError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    provider: ConnectionProvider
+    store: Store
+    client: SchedulerClient
+    out: Output
+    overdue_after: Any
+    dead_after: Any
+
+    @property
+    def dialect(self) -> str:
+        return self.store.dialect.name
+
+    def safe_url(self) -> str:
+        return self.provider.engine.url.render_as_string(hide_password=True)
+
+
+def _settings(args: argparse.Namespace) -> EkbatanSettings:
+    from ..settings import EkbatanSettings
+
+    return EkbatanSettings(_config_file=args.config) if args.config else EkbatanSettings()
+
+
+async def connect(args: argparse.Namespace, out: Output) -> Context:
+    """Read the settings, build a one-connection pool and check that the database answers
+    within ``--connect-timeout``."""
+    settings = _settings(args)
+    url: Any = args.url or settings.jobs_datasource().sqlalchemy_url()
+    # the dialect decides the driver's name of the connect timeout; no connection yet
+    url_dialect = ConnectionProvider.from_url(url).dialect
+    timeout_key = "timeout" if url_dialect == "postgresql" else "connect_timeout"
+    provider = ConnectionProvider.from_url(
+        url, pool_size=1, connect_args={timeout_key: args.connect_timeout}
+    )
+    store = open_store(provider.engine, args.dialect or provider.dialect, DEFAULT_TABLE_NAME)
+    knobs = settings.jobs
+    window = dead_after(knobs.heartbeat_interval, knobs.missed_heartbeats_limit)
+    ctx = Context(
+        args=args,
+        provider=provider,
+        store=store,
+        client=SchedulerClient(store, {}, dead_after=window),
+        out=out,
+        overdue_after=overdue_after(knobs.polling_interval),
+        dead_after=window,
+    )
+    try:
+        async with asyncio.timeout(args.connect_timeout + 2):
+            async with provider.engine.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+    except Exception as error:
+        await provider.dispose()
+        reason = str(getattr(error, "orig", None) or error) or type(error).__name__
+        raise CliError(
+            EXIT.UNREACHABLE,
+            f"cannot reach the database at {ctx.safe_url()} within {args.connect_timeout:g} s: "
+            f"{reason}",
+        ) from None
+    return ctx

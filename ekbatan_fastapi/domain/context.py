@@ -1,0 +1,103 @@
+"""What an execution is told about itself: its slot, its data and its heartbeats."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import cached_property
+from typing import Any
+
+from .codec import decode_data
+
+__all__ = ["ExecutionContext", "HeartbeatState"]
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass
+class HeartbeatState:
+    """This instance's own view of an execution's heartbeats (db-scheduler's definitions).
+
+    ``fraction_dead`` is 0.0 right after a successful heartbeat and 1.0 at the moment another
+    instance may revive the row. A failed heartbeat is one whose update did not reach the
+    database, or found the row no longer ours (it was revived elsewhere). ``monotonic`` is the
+    clock the intervals are measured with (the scheduler's; a test may pass its own).
+    """
+
+    heartbeat_interval: timedelta
+    dead_after: timedelta
+    monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
+    last_success: float | None = None
+    """Monotonic time of the last successful heartbeat (None: now, when created)."""
+    failed_heartbeats: int = 0
+    """Heartbeats failed since the last success (db-scheduler's failures since last success)."""
+    last_failure: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.last_success is None:
+            self.last_success = self.monotonic()
+
+    def record_success(self) -> None:
+        self.last_success = self.monotonic()
+        self.failed_heartbeats = 0
+
+    def record_failure(self) -> None:
+        self.last_failure = self.monotonic()
+        self.failed_heartbeats += 1
+
+    @property
+    def since_last_success(self) -> timedelta:
+        last = self.last_success if self.last_success is not None else self.monotonic()
+        return timedelta(seconds=max(0.0, self.monotonic() - last))
+
+    @property
+    def has_stale_heartbeat(self) -> bool:
+        """A heartbeat failed, or none succeeded for longer than an interval plus some slack."""
+        interval = self.heartbeat_interval.total_seconds()
+        slack = min(10.0, interval * 0.25)
+        return (
+            self.failed_heartbeats > 0 or self.since_last_success.total_seconds() > interval + slack
+        )
+
+    @property
+    def fraction_dead(self) -> float:
+        return self.since_last_success / self.dead_after
+
+
+@dataclass
+class ExecutionContext:
+    """What an execution knows about itself.
+
+    ``execution_time`` is the slot being run; it stays the same when a dead execution is
+    revived elsewhere, so ``(task_name, task_instance, execution_time)`` is an idempotency
+    key. ``version`` grows with every claim and can serve as a fencing token.
+    ``shutting_down`` answers ``is_shutting_down`` (the scheduler's state).
+    """
+
+    task_name: str
+    task_instance: str
+    execution_time: datetime
+    picked_by: str
+    version: int
+    task_data: bytes | None = field(repr=False)
+    heartbeat_state: HeartbeatState
+    consecutive_failures: int
+    shutting_down: Callable[[], bool] = field(default=_never, repr=False)
+
+    @cached_property
+    def data(self) -> Any:
+        """The instance's data, decoded from JSON on first use.
+
+        Raises ``TaskDataError`` when the row holds bytes this library did not write; the
+        execution then fails like any other exception (a job that never reads ``data`` runs).
+        """
+        return decode_data(self.task_data, where=f"{self.task_name}/{self.task_instance}")
+
+    @property
+    def is_shutting_down(self) -> bool:
+        """True once the scheduler began to stop: a long job may wind down early."""
+        return self.shutting_down()

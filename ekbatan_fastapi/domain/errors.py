@@ -1,0 +1,44 @@
+"""Exceptions a user can cause or meet; each message names the offending value and the fix."""
+
+from __future__ import annotations
+
+
+class EkbatanError(Exception):
+    """Base class of every error raised by ekbatan-fastapi."""
+
+
+class ScheduleError(EkbatanError, ValueError):
+    """A schedule, cron expression, time zone or duration could not be understood."""
+
+
+class ConfigurationError(EkbatanError, ValueError):
+    """The registry, a job or a setting is configured wrongly (raised at build/startup)."""
+
+
+class SchemaMissingError(EkbatanError):
+    """The ``scheduled_tasks`` table (or one of ours) does not exist in the database."""
+
+
+class TaskNotFoundError(EkbatanError, LookupError):
+    """No row exists for the given task name and instance."""
+
+
+class TaskPickedError(EkbatanError):
+    """The task instance is running right now, so it cannot be changed or cancelled."""
+
+
+class UnknownJobError(EkbatanError, LookupError):
+    """A task name that no registered job answers to."""
+
+
+class TaskPausedError(EkbatanError):
+    """The task is paused cluster-wide; the action needs ``force=True`` or a resume first."""
+
+
+class DatabaseTimeout(EkbatanError, TimeoutError):
+    """A statement got no answer within ``statement_timeout``; its connection was discarded
+    (it may have died without a reset). The scheduler's loops retry on a new connection."""
+
+
+class RunNotClaimedError(EkbatanError, TimeoutError):
+    """A forced run of a paused task was not claimed by any instance in time."""

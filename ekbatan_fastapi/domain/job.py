@@ -1,0 +1,88 @@
+"""The job model: what a user implements (a recurring or a one-time job) and its marker."""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from collections.abc import Awaitable
+from datetime import timedelta
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from .context import ExecutionContext
+    from .failure import FailureHandler
+    from .schedules import Schedule
+
+__all__ = [
+    "RECURRING_INSTANCE",
+    "DistributedJob",
+    "Job",
+    "OneTimeJob",
+    "distributed_job",
+    "is_distributed_job",
+]
+
+RECURRING_INSTANCE = "recurring"
+"""The ``task_instance`` of a recurring job's single row (db-scheduler's convention)."""
+
+_MARKER = "__ekbatan_distributed_job__"
+
+
+class Job(abc.ABC):
+    """What every job has: a cluster-wide unique name and an ``execute`` (the base of
+    ``DistributedJob`` and ``OneTimeJob``; subclass one of those)."""
+
+    @abc.abstractmethod
+    def name(self) -> str:
+        """The cluster-wide unique task name (the ``task_name`` column, at most 100 characters)."""
+
+    @abc.abstractmethod
+    def execute(self, ctx: ExecutionContext) -> Awaitable[None] | None:
+        """Run one execution. ``async def`` runs on the event loop; a plain ``def`` in a thread."""
+
+    def priority(self) -> int:
+        """Rows with a higher priority are claimed first when more are due than fit a batch."""
+        return 0
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.execute)
+
+
+class DistributedJob(Job):
+    """A recurring job: one row per job, each slot of its schedule runs on one instance."""
+
+    @abc.abstractmethod
+    def schedule(self) -> Schedule:
+        """When the job runs; see ``Schedules``."""
+
+
+class OneTimeJob(Job):
+    """A job whose instances are scheduled explicitly through ``registry.client.schedule``.
+
+    Each instance (``task_instance``) runs once; on failure it is retried per
+    ``failure_handler()`` (default: retry after five minutes, forever, as db-scheduler does).
+    """
+
+    def failure_handler(self) -> FailureHandler:
+        from .failure import RetryLater
+
+        return RetryLater(timedelta(minutes=5))
+
+
+J = TypeVar("J", bound=type[Job])
+
+
+def distributed_job(cls: J) -> J:
+    """Mark a job class for discovery by the DI integration (``ekbatan_lifespan``)."""
+    if not (isinstance(cls, type) and issubclass(cls, Job)):
+        raise TypeError(
+            f"@distributed_job decorates a DistributedJob or OneTimeJob subclass, got {cls!r}"
+        )
+    setattr(cls, _MARKER, True)
+    return cls
+
+
+def is_distributed_job(obj: object) -> bool:
+    """True for a class marked with ``@distributed_job`` itself (not merely inherited)."""
+    return isinstance(obj, type) and bool(obj.__dict__.get(_MARKER, False))

@@ -1,0 +1,86 @@
+"""The values of our own tables (execution history, pauses, instances) and how an execution
+ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from .rows import Finish, FinishKind
+
+__all__ = ["ExecutionRecord", "InstanceInfo", "Outcome", "PauseInfo", "outcome_of"]
+
+
+class Outcome(StrEnum):
+    """How an execution ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+    """Its row was revived elsewhere meanwhile: its result was not recorded."""
+    CANCELLED = "cancelled"
+    """Cancelled at shutdown; its slot was released to run again."""
+
+
+def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> Outcome:
+    """The outcome of an execution whose result ``finish`` was (``recorded``) or was not
+    written."""
+    if not recorded:
+        return Outcome.SUPERSEDED
+    if finish.kind is FinishKind.RELEASED:
+        return Outcome.CANCELLED
+    if finish.kind is FinishKind.FAILED or error is not None:
+        return Outcome.FAILED
+    return Outcome.SUCCEEDED
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRecord:
+    """One execution in the history (``ekbatan_execution_history``): read from the table, or
+    about to be written to it.
+
+    ``id`` is set once stored. ``version`` is the claim's version, known only while writing:
+    where the completion statement writes the history itself (PostgreSQL), it turns
+    ``outcome`` into ``superseded`` when the version-guarded write matched no row.
+    """
+
+    task_name: str
+    task_instance: str
+    execution_time: datetime
+    picked_by: str | None
+    started_at: datetime
+    finished_at: datetime
+    outcome: str
+    error_class: str | None
+    error_message: str | None
+    id: int | None = None
+    version: int | None = None
+
+    @property
+    def duration_seconds(self) -> float:
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class PauseInfo:
+    """A paused task: who paused it, when and why."""
+
+    task_name: str
+    paused_by: str | None
+    paused_at: datetime
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """A scheduler instance as it last reported itself."""
+
+    name: str
+    host: str
+    pid: int
+    started_at: datetime
+    last_seen: datetime
+    library_version: str
+    alive: bool
+    """Seen within the dead window (``heartbeat_interval x missed_heartbeats_limit``)."""

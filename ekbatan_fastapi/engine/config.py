@@ -1,0 +1,104 @@
+"""The scheduler's settings, with the defaults of DESIGN.md and their validation."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from ..domain.clock import Clock, SystemClock
+from ..domain.errors import ConfigurationError
+from ..domain.rows import PollingStrategy
+from ..domain.tasks import dead_after
+from ..domain.text import is_valid_name
+
+if TYPE_CHECKING:
+    from .observer import SchedulerObserver
+
+__all__ = ["MIN_MISSED_HEARTBEATS", "SchedulerConfig", "default_scheduler_name"]
+
+MIN_MISSED_HEARTBEATS = 4
+SCHEDULER_NAME_LENGTH = 50
+"""The ``picked_by`` column's limit (``varchar(50)`` on MySQL)."""
+
+
+def default_scheduler_name() -> str:
+    """``<host>-<pid>`` cut to 50 characters (the ``picked_by`` value)."""
+    return f"{socket.gethostname()}-{os.getpid()}"[-SCHEDULER_NAME_LENGTH:]
+
+
+@dataclass
+class SchedulerConfig:
+    """Everything the scheduler core needs besides the repository and the jobs."""
+
+    polling_interval: timedelta = timedelta(seconds=10)
+    heartbeat_interval: timedelta = timedelta(seconds=10)
+    missed_heartbeats_limit: int = 6
+    shutdown_max_wait: timedelta = timedelta(minutes=30)
+    delete_unresolved_after: timedelta = timedelta(days=14)
+    polling_strategy: PollingStrategy | str | None = None
+    """None: lock-and-fetch where the dialect has SKIP LOCKED, fetch otherwise."""
+    batch_size: int | None = None
+    """None: ``max(50, 3 x number of jobs)``."""
+    history: bool = True
+    """Record every execution in ``ekbatan_execution_history`` (batched, off the hot path)."""
+    history_retention: timedelta = timedelta(days=7)
+    listen: bool = True
+    """Where the database supports it (PostgreSQL LISTEN/NOTIFY), hold one pooled connection
+    that wakes this instance when any instance schedules work."""
+    scheduler_name: str = field(default_factory=default_scheduler_name)
+    clock: Clock = field(default_factory=SystemClock)
+    observers: list[SchedulerObserver] = field(default_factory=list)
+    """Hooks called at the scheduler's events (metrics); see ``ekbatan_fastapi.observer``."""
+
+    @property
+    def dead_after(self) -> timedelta:
+        """A picked row whose heartbeat is older than this is revived elsewhere."""
+        return dead_after(self.heartbeat_interval, self.missed_heartbeats_limit)
+
+    def validate(self) -> None:
+        for name in ("polling_interval", "heartbeat_interval", "shutdown_max_wait"):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta) or value <= timedelta(0):
+                raise ConfigurationError(f"{name} must be a positive timedelta, got {value!r}")
+        if not isinstance(self.history_retention, timedelta) or (
+            self.history_retention <= timedelta(0)
+        ):
+            raise ConfigurationError(
+                f"history_retention must be a positive timedelta, got {self.history_retention!r}"
+            )
+        if not isinstance(self.delete_unresolved_after, timedelta) or (
+            self.delete_unresolved_after <= timedelta(0)
+        ):
+            raise ConfigurationError(
+                "delete_unresolved_after must be a positive timedelta, "
+                f"got {self.delete_unresolved_after!r}"
+            )
+        if (
+            not isinstance(self.missed_heartbeats_limit, int)
+            or self.missed_heartbeats_limit < MIN_MISSED_HEARTBEATS
+        ):
+            raise ConfigurationError(
+                f"missed_heartbeats_limit must be an integer >= {MIN_MISSED_HEARTBEATS}, got "
+                f"{self.missed_heartbeats_limit!r}; fewer would declare executions dead after "
+                "one slow heartbeat"
+            )
+        if self.polling_strategy is not None and self.polling_strategy not in list(PollingStrategy):
+            raise ConfigurationError(
+                f"polling_strategy {self.polling_strategy!r} is unknown; use one of "
+                f"{', '.join(PollingStrategy)}"
+            )
+        if self.batch_size is not None and (
+            not isinstance(self.batch_size, int) or not 1 <= self.batch_size <= 10_000
+        ):
+            raise ConfigurationError(
+                f"batch_size must be an integer from 1 to 10000, got {self.batch_size!r}"
+            )
+        name = self.scheduler_name
+        if not is_valid_name(name, SCHEDULER_NAME_LENGTH):
+            raise ConfigurationError(
+                f"scheduler_name must be 1 to 50 characters (the picked_by column; no NUL, no "
+                f"lone surrogate), got {name!r}"
+            )

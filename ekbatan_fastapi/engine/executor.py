@@ -1,0 +1,185 @@
+"""``Executor``: runs each claimed row as its own asyncio task (a plain ``def`` job in a worker
+thread) and hands the result to the completer; at shutdown, waits for the executions, cancels
+the async ones and waits again, then abandons what is left."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from ..domain.context import HeartbeatState
+from ..domain.job import Job
+from ..domain.rows import Finish, TaskRow
+from ..domain.schedules import Schedule
+from .config import SchedulerConfig
+from .execution import Execution
+from .link import DatabaseLink
+from .observer import ObserverDispatch
+from .running import RunningExecutions, RunState
+
+__all__ = ["Executor", "log_extra"]
+
+log = logging.getLogger(__name__)
+
+
+def log_extra(row: TaskRow, scheduler: str) -> dict[str, Any]:
+    """The ``extra`` of every log record about one row."""
+    return {"task_name": row.task_name, "task_instance": row.task_instance, "scheduler": scheduler}
+
+
+class Executor:
+    """Starts executions and reports their results."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        jobs: Mapping[str, Job],
+        schedules: Mapping[str, Schedule],
+        config: SchedulerConfig,
+        link: DatabaseLink,
+        state: RunState,
+        running: RunningExecutions,
+        observer: ObserverDispatch,
+        submit: Callable[[Finish, Execution], None],
+    ) -> None:
+        self.name = name
+        self.jobs = jobs
+        self.schedules = schedules
+        self.config = config
+        self.link = link
+        self.state = state
+        self.running = running
+        self.observer = observer
+        self.submit = submit
+        """Hands a result to the completer (no wait: the completer reports what it wrote)."""
+        self._is_async = {name: job.is_async for name, job in jobs.items()}
+        self._threads: ThreadPoolExecutor | None = None
+
+    def launch(self, row: TaskRow) -> None:
+        """Start running a row this instance claimed."""
+        job = self.jobs.get(row.task_name)
+        if job is None:  # cannot happen: the poll asks only for our names
+            log.error("claimed a row of unknown task %s", row.task_name, extra=self._extra(row))
+            return
+        clock = self.config.clock
+        heartbeat = HeartbeatState(
+            heartbeat_interval=self.config.heartbeat_interval,
+            dead_after=self.config.dead_after,
+            monotonic=clock.monotonic,
+        )
+        execution = Execution(
+            row, job, heartbeat, self.link.now(), schedule=self.schedules.get(row.task_name)
+        )
+        self.running.started(execution)
+        if self.observer.active:
+            lag = (execution.started - row.execution_time).total_seconds()
+            self.observer.execution_started(row.task_name, row.task_instance, lag)
+        execution.task = asyncio.create_task(
+            self._run(execution), name=f"ekbatan:{execution.label}"
+        )
+
+    async def _run(self, execution: Execution) -> None:
+        began = self.config.clock.monotonic()
+        try:
+            error, cancelled = await self._call_job(execution)
+        finally:
+            self.running.returned()
+        if error is not None:
+            log.error(
+                "%s (slot %s) failed",
+                execution.label,
+                execution.row.execution_time.isoformat(),
+                exc_info=error,
+                extra=self._extra(execution.row),
+            )
+        execution.error = error
+        execution.duration = self.config.clock.monotonic() - began
+        execution.finished_at = self.link.now()
+        finish = execution.finish(
+            execution.finished_at,
+            error=error,
+            cancelled=cancelled,
+            fallback_delay=self.config.polling_interval,
+        )
+        self.submit(finish, execution)
+
+    async def _call_job(self, execution: Execution) -> tuple[BaseException | None, bool]:
+        """Run the job: (the exception it raised, whether it was cancelled at shutdown)."""
+        ctx = execution.context(lambda: self.state.stopping)
+        try:
+            if self._is_async[execution.row.task_name]:
+                await execution.job.execute(ctx)  # type: ignore[misc]
+            else:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._thread_pool(), execution.job.execute, ctx
+                )
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if self.state.stopping:
+                log.warning(
+                    "%s cancelled at shutdown; its slot is released to run again",
+                    execution.label,
+                    extra=self._extra(execution.row),
+                )
+                return None, True
+            if task is not None and task.cancelling():
+                raise  # this execution's task itself is being cancelled (not by us)
+            # The job raised CancelledError itself (a future it awaited was cancelled): a
+            # failure like any other. Re-raising would leave the row picked and heartbeated
+            # forever, its slot run by nobody.
+            return exc, False
+        except Exception as exc:
+            return exc, False
+        return None, False
+
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(
+                max_workers=max(32, 2 * self.running.batch_size), thread_name_prefix="ekbatan-job"
+            )
+        return self._threads
+
+    async def drain(self, wait: timedelta) -> None:
+        """Shutdown's two phases: wait up to ``wait`` for the running executions; cancel the
+        async ones and wait up to ``wait`` again; abandon what still runs (its row stays
+        picked and is revived as a dead execution)."""
+        tasks = {e.task for e in self.running if e.task is not None}
+        if not tasks:
+            return
+        log.info(
+            "scheduler %s stopping: waiting up to 2x %s for %d running executions",
+            self.name,
+            wait,
+            len(tasks),
+            extra={"scheduler": self.name},
+        )
+        seconds = wait.total_seconds()
+        _, pending = await asyncio.wait(tasks, timeout=seconds)
+        if pending:
+            for execution in self.running:
+                if execution.task in pending and execution.job.is_async:
+                    execution.task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=seconds)
+        for execution in self.running:
+            if execution.task in pending:
+                log.warning(
+                    "abandoning %s: still running after 2x %s; its row stays picked and "
+                    "is revived as a dead execution",
+                    execution.label,
+                    wait,
+                    extra=self._extra(execution.row),
+                )
+                self.running.forget(execution)
+
+    def close(self) -> None:
+        """Let go of the worker threads (a job still running in one is abandoned)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+
+    def _extra(self, row: TaskRow) -> dict[str, Any]:
+        return log_extra(row, self.name)

@@ -1,0 +1,201 @@
+"""``HistoryRecorder``: the operations tables for one scheduler: execution history in batches,
+its instance row, and the pruning of both.
+
+On PostgreSQL the history is written by the completion statement itself (one statement per
+batch of results writes both). Elsewhere it is written off the hot path: the completer only
+appends to a buffer; this recorder's own loop inserts the buffer in one statement per batch.
+Whether the tables exist is the operations store's to know (``OperationsStore.look``); this
+recorder warns once while they are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from ..domain.records import ExecutionRecord
+from ..domain.rows import Finish
+from ..domain.version import VERSION
+from ..store.operations import OperationsStore
+
+if TYPE_CHECKING:
+    from .execution import Execution
+
+__all__ = ["HistoryRecorder"]
+
+log = logging.getLogger(__name__)
+
+_MAX_BATCH = 1000
+_LINGER = 0.1
+"""Seconds the writer waits for a batch to fill: one statement per 1000 records or 100 ms,
+not one per completion batch (a statement's fixed cost dominates small inserts)."""
+_MAX_BUFFER = 50_000
+_INSTANCE_RETENTION = timedelta(days=1)
+
+
+class HistoryRecorder:
+    """History, instance row and their pruning, for one scheduler."""
+
+    def __init__(
+        self,
+        ops: OperationsStore,
+        scheduler_name: str,
+        *,
+        history: bool,
+        retention: timedelta,
+        on_db_error: Callable[[BaseException, str], None],
+    ) -> None:
+        self.ops = ops
+        self.name = scheduler_name
+        self.history_enabled = history
+        self.retention = retention
+        self._on_db_error = on_db_error
+        self._buffer: list[ExecutionRecord] = []
+        self._ready = asyncio.Event()
+        self._full = asyncio.Event()
+        self._dropped = 0
+        self._warned_missing = False
+        self._closing = False
+
+    @property
+    def available(self) -> bool:
+        """The operations tables were found."""
+        return self.ops.present
+
+    async def check(self) -> bool:
+        """Look for the tables (at startup, then at most every 30 s until they are found);
+        warn once while they are missing."""
+        if await self.ops.look():
+            return True
+        if not self._warned_missing:
+            self._warned_missing = True
+            log.warning(
+                "scheduler %s: the operations tables (%s) are missing, so execution history, "
+                "pause/resume and the live-instance list are off; run `ekbatan-jobs migrate` "
+                "(it applies %s/V0002__ekbatan_operations.sql) or call create_schema(engine)",
+                self.name,
+                ", ".join(t.name for t in self.ops.tables.operations),
+                self.ops.db.migrations_folder,
+                extra={"scheduler": self.name},
+            )
+        return False
+
+    @property
+    def enabled(self) -> bool:
+        """History is on and its table exists."""
+        return self.history_enabled and self.available
+
+    def table_lost(self, error: BaseException) -> None:
+        """The history table went away while running: stop writing history until the hourly
+        housekeeping finds the operations tables again."""
+        self.ops.forget()
+        self._warned_missing = False
+        log.warning(
+            "scheduler %s: the execution history table is gone (%s); history is off until it "
+            "is back",
+            self.name,
+            error,
+            extra={"scheduler": self.name},
+        )
+
+    def dropped(self, count: int, error: BaseException) -> None:
+        """The database refused a batch's history (its results are sent without it)."""
+        self._dropped += count
+        log.warning(
+            "scheduler %s: the database refused the history of %d executions (%s); their "
+            "results are recorded without it",
+            self.name,
+            count,
+            error,
+            extra={"scheduler": self.name},
+        )
+
+    def record(self, execution: Execution, finish: Finish, recorded: bool) -> None:
+        """Buffer one execution's record (no I/O)."""
+        if not self.enabled:
+            return
+        if len(self._buffer) >= _MAX_BUFFER:
+            self._dropped += 1
+            if self._dropped in (1, 1000) or self._dropped % 100_000 == 0:
+                log.warning(
+                    "scheduler %s: history buffer full (database slow or down); %d records "
+                    "dropped so far",
+                    self.name,
+                    self._dropped,
+                )
+            return
+        self._buffer.append(execution.record(finish, recorded))
+        self._ready.set()
+        if len(self._buffer) >= _MAX_BATCH:
+            self._full.set()
+
+    async def run(self) -> None:
+        """The history writer loop: insert whatever the buffer holds, in batches."""
+        delay = 0.05
+        while True:
+            if self._closing and not self._buffer:
+                return
+            await self._ready.wait()
+            self._ready.clear()
+            if not self._closing and len(self._buffer) < _MAX_BATCH:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_LINGER):
+                        await self._full.wait()
+            self._full.clear()
+            while self._buffer:
+                batch = self._buffer[:_MAX_BATCH]
+                try:
+                    await self.ops.insert_history(batch)
+                except Exception as error:
+                    self._on_db_error(error, "writing execution history")
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                delay = 0.05
+                del self._buffer[: len(batch)]
+
+    def close(self) -> None:
+        """Let ``run`` return once the buffer is written (at shutdown)."""
+        self._closing = True
+        self._ready.set()
+        self._full.set()
+
+    async def report_instance(self, started_at: datetime) -> None:
+        if not self.available:
+            return
+        try:
+            await self.ops.report_instance(
+                self.name, socket.gethostname()[:255], os.getpid(), started_at, VERSION
+            )
+        except Exception as error:
+            self._on_db_error(error, "reporting this instance")
+
+    async def leave(self) -> None:
+        """Remove this instance's row at a graceful stop (a crashed one shows as dead)."""
+        if not self.available:
+            return
+        try:
+            await self.ops.remove_instance(self.name)
+        except Exception as error:
+            self._on_db_error(error, "removing this instance's row")
+
+    async def maintain(self) -> None:
+        """Prune old history and long-gone instances; look again for missing tables."""
+        if not await self.check():
+            return
+        pruned = await self.ops.prune_history(self.retention)
+        gone = await self.ops.prune_instances(_INSTANCE_RETENTION)
+        if pruned or gone:
+            log.info(
+                "scheduler %s: pruned %d history records older than %s and %d instances",
+                self.name,
+                pruned,
+                self.retention,
+                gone,
+            )

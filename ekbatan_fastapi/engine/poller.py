@@ -1,0 +1,119 @@
+"""``Poller``: claims due rows in batches and hands them to the executor; sleeps until the
+earliest known due time or the polling interval, whichever is sooner."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+
+from ..domain.rows import PollingStrategy
+from ..store.tasks import TaskStore
+from .alarm import Alarm
+from .backoff import Backoff
+from .config import SchedulerConfig
+from .executor import Executor
+from .history import HistoryRecorder
+from .link import DatabaseLink
+from .observer import ObserverDispatch
+from .running import RunningExecutions, RunState
+
+__all__ = ["Poller"]
+
+log = logging.getLogger(__name__)
+
+_CONTENDED_FLOOR = 0.005
+"""Seconds before looking again at a due row a peer's lock hid (doubling up to the interval)."""
+
+
+class Poller:
+    """The claim loop."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        names: Sequence[str],
+        strategy: PollingStrategy,
+        tasks: TaskStore,
+        config: SchedulerConfig,
+        link: DatabaseLink,
+        alarm: Alarm,
+        state: RunState,
+        running: RunningExecutions,
+        executor: Executor,
+        history: HistoryRecorder,
+        observer: ObserverDispatch,
+    ) -> None:
+        self.name = name
+        self.names = list(names)
+        """The task names this instance claims (its jobs, less the disabled ones)."""
+        self.strategy = strategy
+        self.tasks = tasks
+        self.config = config
+        self.link = link
+        self.alarm = alarm
+        self.state = state
+        self.running = running
+        self.executor = executor
+        self.history = history
+        self.observer = observer
+        self.lease = tasks.db.lease()
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            await self.lease.release()
+
+    async def _run(self) -> None:
+        interval = self.config.polling_interval.total_seconds()
+        backoff = Backoff(interval)
+        contended = Backoff(interval, floor=_CONTENDED_FLOOR)
+        clock = self.config.clock
+        while not self.state.stopping:
+            limit = self.running.claim_limit()
+            if limit <= 0:
+                # Nothing can be claimed until executions finish (they wake us then), so a
+                # known due time is moot; one in the past would make sleep return at once
+                # without yielding, and this loop would spin and starve the event loop.
+                self.alarm.planned_due = None
+                self.lease.idle()
+                await self.alarm.sleep(interval)
+                continue
+            began = clock.monotonic()
+            sent = clock.now()
+            try:
+                result = await self.tasks.poll(
+                    self.names,
+                    limit,
+                    self.name,
+                    self.strategy,
+                    skip_paused=self.history.available,
+                    lease=self.lease,
+                )
+            except Exception as error:
+                self.link.failed(error, "poll")
+                await self.alarm.sleep(backoff.next())
+                continue
+            backoff.reset()
+            if self.observer.active:
+                self.observer.polled(clock.monotonic() - began, len(result.claimed))
+            self.link.observed(result.db_now, sent)
+            self.state.last_poll = result.db_now
+            for row in result.claimed:
+                self.executor.launch(row)
+            # More may be due: a full batch claimed, or (fetch) a full batch seen of which peers
+            # won some; sleeping now would leave a full table to the winners for a whole interval.
+            if len(result.claimed) >= limit or result.more_due:
+                continue
+            if result.next_due is not None and result.next_due <= result.db_now:
+                # A due row this poll did not get: a peer's lock hid it, which is a claim in
+                # flight or only a peer's scan. Look again soon, backing off in case the lock
+                # is long held, rather than leave the slot to the next polling interval.
+                self.alarm.planned_due = result.db_now + timedelta(seconds=contended.next())
+            else:
+                contended.reset()
+                self.alarm.planned_due = result.next_due
+            await self.lease.release()  # nothing more due now: an idle poller holds no connection
+            await self.alarm.sleep(interval)

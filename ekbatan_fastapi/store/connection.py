@@ -1,0 +1,119 @@
+"""The jobs pool: a dedicated, small AsyncEngine, and the dialect read from its URL.
+
+The dialect is decided from the URL alone, before any connection is opened, so an application
+that starts while its database is unreachable still speaks the right SQL once it appears.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from ..domain.errors import ConfigurationError
+from .dialects import DIALECTS, Dialect
+
+__all__ = [
+    "DEFAULT_POOL_SIZE",
+    "ConnectionProvider",
+    "resolve_connection",
+    "supported_urls",
+]
+
+DEFAULT_POOL_SIZE = 5
+
+
+def supported_urls() -> tuple[str, ...]:
+    """The async driver URLs of the registered dialects (``postgresql+asyncpg://``, ...)."""
+    drivers = (driver for d in DIALECTS.values() for driver in d.schemes.values())
+    return tuple(dict.fromkeys(f"{driver}://" for driver in drivers))
+
+
+def _by_scheme(scheme: str, url: URL) -> tuple[str, Dialect]:
+    """The async driver URL and the dialect a URL scheme selects."""
+    for candidate in DIALECTS.values():
+        if scheme in candidate.schemes:
+            return candidate.schemes[scheme], candidate
+    raise ConfigurationError(
+        f"unsupported database URL scheme {scheme!r} in {_safe(url)}; supported: "
+        f"{', '.join(supported_urls())}"
+    )
+
+
+def _safe(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+class ConnectionProvider:
+    """Where the scheduler's connections come from, and which dialect they speak."""
+
+    def __init__(self, engine: AsyncEngine, dialect: str, *, owns_engine: bool) -> None:
+        self.engine = engine
+        self.dialect = dialect
+        self.owns_engine = owns_engine
+
+    @classmethod
+    def from_url(
+        cls, url: str | URL, *, pool_size: int = DEFAULT_POOL_SIZE, **engine_kwargs: Any
+    ) -> ConnectionProvider:
+        """A dedicated pool (default 5 connections) built from a database URL; no connection
+        is opened here."""
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError) as error:
+            shown = url if isinstance(url, str) and "@" not in url else "<the jobs URL>"
+            raise ConfigurationError(
+                f"cannot parse database URL {shown!r} ({error}); expected e.g. "
+                "postgresql+asyncpg://user:password@host:5432/dbname"
+            ) from None
+        driver, dialect = _by_scheme(parsed.drivername, parsed)
+        parsed = parsed.set(drivername=driver)
+        if not isinstance(pool_size, int) or pool_size < 1:
+            raise ConfigurationError(f"pool_size must be a positive integer, got {pool_size!r}")
+        options: dict[str, Any] = {"pool_size": pool_size, "max_overflow": 0, "pool_recycle": 1800}
+        if dialect.connect_args:
+            options["connect_args"] = dict(dialect.connect_args)
+        options.update(engine_kwargs)
+        try:
+            engine = create_async_engine(parsed, **options)
+        except ImportError as error:
+            extra = dialect.extra
+            hint = f'pip install "ekbatan-fastapi[{extra}]"' if extra else "install it"
+            raise ConfigurationError(
+                f"the database driver for {driver}:// is not installed ({error}); {hint}"
+            ) from None
+        return cls(engine, dialect.name, owns_engine=True)
+
+    @classmethod
+    def from_engine(cls, engine: AsyncEngine, dialect: str | None = None) -> ConnectionProvider:
+        """Use an engine the application made (it stays the application's to dispose)."""
+        if not isinstance(engine, AsyncEngine):
+            raise ConfigurationError(
+                f"expected an sqlalchemy AsyncEngine, got {type(engine).__name__}"
+            )
+        if dialect is None:
+            dialect = _by_scheme(engine.url.drivername, engine.url)[1].name
+        return cls(engine, dialect, owns_engine=False)
+
+    async def dispose(self) -> None:
+        if self.owns_engine:
+            await self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"ConnectionProvider({_safe(self.engine.url)}, dialect={self.dialect!r})"
+
+
+def resolve_connection(value: str | URL | AsyncEngine | ConnectionProvider) -> ConnectionProvider:
+    """Accept a URL, an AsyncEngine or a ConnectionProvider."""
+    if isinstance(value, ConnectionProvider):
+        return value
+    if isinstance(value, AsyncEngine):
+        return ConnectionProvider.from_engine(value)
+    if isinstance(value, str | URL):
+        return ConnectionProvider.from_url(value)
+    raise ConfigurationError(
+        "connection_provider takes a database URL, an AsyncEngine or a ConnectionProvider, "
+        f"got {type(value).__name__}"
+    )

@@ -1,0 +1,183 @@
+"""One jobs database: its engine, the bound on every statement, and the translation of its
+errors (a missing table becomes ``SchemaMissingError``, in one place for every statement).
+
+A dialect subclasses ``Database`` for what differs in how statements are sent: how the driver
+says "no such table", the clock expression, and whether a write commits by itself
+(PostgreSQL, on an ``AUTOCOMMIT`` engine) or in an explicit transaction (MySQL/MariaDB).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Table, func, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql import ColumnElement, Executable
+
+from ..domain.errors import DatabaseTimeout, SchemaMissingError
+from .lease import Lease, discard_connection
+from .tables import Tables, quote_table
+
+__all__ = ["DEFAULT_STATEMENT_TIMEOUT", "Database", "aware"]
+
+DEFAULT_STATEMENT_TIMEOUT = 30.0
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """Timestamps come back aware from PostgreSQL; naive ones are UTC by our contract."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+class Database(abc.ABC):
+    """The engine, ``statement_timeout`` and error translation shared by the task and the
+    operations statements of one dialect."""
+
+    dialect_name: str = "generic"
+    migrations_folder: str = "generic"
+    """The folder of ``migrations/`` this dialect's DDL lives in."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        tables: Tables,
+        *,
+        statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
+    ) -> None:
+        self.tables = tables
+        self.tx_engine = engine
+        """For the statements that need a transaction of their own."""
+        self.engine = self.configure(engine)
+        """The engine single statements run on."""
+        self.statement_timeout = statement_timeout
+        """Seconds a statement (with its connection checkout) may take; None: unbounded. A
+        connection that died without a reset (a partition, a failover that moved the address)
+        never answers: without this bound the loop waiting on it would wait forever. On
+        timeout the connection is discarded and ``DatabaseTimeout`` raised; the loop retries
+        on a new one."""
+
+    def configure(self, engine: AsyncEngine) -> AsyncEngine:
+        """The engine single statements run on (PostgreSQL: ``AUTOCOMMIT``)."""
+        return engine
+
+    # -- identifiers and values -------------------------------------------------------------
+
+    def quoted(self, table: Table) -> str:
+        """A table's name as this dialect writes it in SQL text."""
+        return quote_table(table, self.engine.dialect)
+
+    def now_expr(self) -> ColumnElement[datetime]:
+        """The database's current time in UTC, as SQL."""
+        return func.now()
+
+    @abc.abstractmethod
+    def upsert(self, table: Table, values: dict[str, Any], update: dict[str, Any]) -> Executable:
+        """Insert ``values`` into ``table``; on a primary-key conflict set ``update`` instead."""
+
+    # -- errors -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def is_missing_table(self, error: BaseException) -> bool:
+        """True when the driver's error says a table does not exist."""
+
+    def missing_table(self, error: BaseException | None = None) -> SchemaMissingError:
+        """The error to raise for a missing table: which one, and how to create it."""
+        table = self.tables.tasks
+        text = str(error or "")
+        for candidate in self.tables.operations:
+            if candidate.name in text:
+                table = candidate
+        name = f"{table.schema}.{table.name}" if table.schema else table.name
+        return SchemaMissingError(
+            f"table {name!r} does not exist in the jobs database: run `ekbatan-jobs migrate` "
+            f"(it applies the migrations shipped in the package, here "
+            f"{self.migrations_folder}/{self.tables.migration_of(table.name)}.sql), or call "
+            "`await ekbatan_fastapi.create_schema(engine)` once at deployment"
+        )
+
+    def translate(self, error: BaseException) -> BaseException:
+        """The library's exception for a driver error (a missing table), else ``error``."""
+        if self.is_missing_table(error):
+            return self.missing_table(error)
+        return error
+
+    def timeout_error(self) -> DatabaseTimeout:
+        return DatabaseTimeout(
+            f"no answer from the database within {self.statement_timeout:g}s "
+            "(statement_timeout); the connection was discarded"
+        )
+
+    # -- connections ------------------------------------------------------------------------
+
+    def lease(self) -> Lease:
+        """A connection holder for one busy loop (see ``Lease``)."""
+        return Lease(self.engine)
+
+    @contextlib.asynccontextmanager
+    async def leased(self, lease: Lease) -> AsyncIterator[Lease]:
+        """Run statements on ``lease``'s connection, bounded by ``statement_timeout``; on any
+        error the connection is discarded (a failed statement may have left it unusable)."""
+        try:
+            async with asyncio.timeout(self.statement_timeout):
+                yield lease
+        except TimeoutError:
+            await lease.discard()
+            raise self.timeout_error() from None
+        except BaseException:
+            await lease.discard()
+            raise
+
+    @contextlib.asynccontextmanager
+    async def connect(
+        self, engine: AsyncEngine | None = None, *, begin: bool = False
+    ) -> AsyncIterator[AsyncConnection]:
+        """A pooled connection (in a transaction when ``begin``) whose whole use is bounded
+        by ``statement_timeout``; on timeout the connection is invalidated, never reused.
+        Driver errors come out translated (``translate``)."""
+        async with contextlib.AsyncExitStack() as stack:
+            conn: AsyncConnection | None = None
+            try:
+                async with asyncio.timeout(self.statement_timeout):
+                    conn = await stack.enter_async_context((engine or self.engine).connect())
+                    if begin:
+                        await stack.enter_async_context(conn.begin())
+                    yield conn
+            except TimeoutError:
+                if conn is not None:
+                    await discard_connection(conn)
+                raise self.timeout_error() from None
+            except asyncio.CancelledError:
+                # Interrupted mid-statement (a stopping loop): the driver may still wait for
+                # the answer or for its cancel request, so the connection is not reusable.
+                if conn is not None:
+                    await discard_connection(conn)
+                raise
+            except DBAPIError as error:
+                translated = self.translate(error)
+                if translated is error:
+                    raise
+                raise translated from error
+
+    async def rows(self, stmt: Executable, params: Any = None) -> list[Any]:
+        """Run one statement and return its rows (none for a statement without)."""
+        async with self.connect() as conn:
+            result = await conn.execute(stmt, params)
+            return list(result.fetchall()) if result.returns_rows else []
+
+    async def rowcount(self, stmt: Executable, params: Any = None) -> int:
+        """Run one writing statement (committed) and return how many rows it matched."""
+        async with self.connect() as conn:
+            result = await conn.execute(stmt, params)
+            return int(result.rowcount)
+
+    async def clock(self, *extra: Any) -> list[Any]:
+        """One row: the database's now (aware, UTC) and ``extra`` columns read with it."""
+        row = (await self.rows(select(self.now_expr(), *extra)))[0]
+        return [aware(row[0]), *row[1:]]

@@ -1,0 +1,126 @@
+"""How statements reach MySQL/MariaDB (asyncmy): explicit transactions, deadlock retries,
+error 1146 for a missing table, ``ON DUPLICATE KEY UPDATE`` upserts, ``UTC_TIMESTAMP(6)``.
+
+Transactions run on the engine as configured (no per-checkout ``AUTOCOMMIT`` switch: on MySQL
+drivers that costs four extra round trips per statement). Statements that scan ranges under
+locks ask for ``READ COMMITTED``: locks on rows that do not match are released at once and no
+gap locks block inserts.
+
+Time: the columns are ``datetime(6)`` holding UTC, the database clock is ``UTC_TIMESTAMP(6)``,
+and parameters are sent as naive UTC, so neither the session nor the server time zone matters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Table, TextClause, bindparam, literal_column, text
+from sqlalchemy.dialects import mysql
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql import ColumnElement, Executable
+
+from ..database import Database
+from ..tables import UTCDateTime
+from . import statements as q
+
+__all__ = ["ER_DUP_ENTRY", "MySQLDatabase", "errno", "naive_utc"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ER_DUP_ENTRY = 1062
+ER_NO_SUCH_TABLE = 1146
+ER_LOCK_DEADLOCK = 1213
+_DEADLOCK_RETRIES = 5
+
+
+def errno(error: BaseException) -> int | None:
+    """The server's error number of a driver error (wrapped by SQLAlchemy or not)."""
+    for candidate in (getattr(error, "orig", None), error):
+        args = getattr(candidate, "args", ())
+        if args and isinstance(args[0], int):
+            return args[0]
+    return None
+
+
+def naive_utc(value: datetime | None) -> datetime | None:
+    """A parameter for a ``datetime(6)`` column: naive UTC (drivers drop an offset silently)."""
+    if value is None or value.tzinfo is None:
+        return value
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
+def _is_autocommit(engine: AsyncEngine) -> bool:
+    configured = engine.get_execution_options().get("isolation_level")
+    on_connect = getattr(engine.dialect, "_on_connect_isolation_level", None)
+    return "AUTOCOMMIT" in (configured, on_connect)
+
+
+class MySQLDatabase(Database):
+    dialect_name = "mysql"
+    migrations_folder = "mysql"
+
+    def configure(self, engine: AsyncEngine) -> AsyncEngine:
+        self._read_committed: TextClause | None = text(q.READ_COMMITTED)
+        if _is_autocommit(engine):
+            # Each statement would commit alone and drop the row locks our claims rely on.
+            self._read_committed = None
+            return engine.execution_options(isolation_level="READ COMMITTED")
+        return engine
+
+    def sql(self, statement: str) -> TextClause:
+        """``text()`` with the list parameters (``statements.EXPANDING``) expanding."""
+        present = [name for name in q.EXPANDING if f":{name}" in statement]
+        return text(statement).bindparams(*(bindparam(n, expanding=True) for n in present))
+
+    def now_expr(self) -> ColumnElement[datetime]:
+        """``UTC_TIMESTAMP(6)``: ``NOW()`` would follow the session time zone."""
+        return literal_column(q.NOW, UTCDateTime())
+
+    def is_missing_table(self, error: BaseException) -> bool:
+        return errno(error) == ER_NO_SUCH_TABLE
+
+    def upsert(self, table: Table, values: dict[str, Any], update: dict[str, Any]) -> Executable:
+        return mysql.insert(table).values(values).on_duplicate_key_update(update)
+
+    async def transaction(
+        self, work: Callable[[AsyncConnection], Awaitable[T]], *, read_committed: bool = False
+    ) -> T:
+        """Run ``work`` in one transaction and commit; a deadlock victim is run again."""
+        for attempt in range(1, _DEADLOCK_RETRIES + 1):
+            try:
+                async with self.connect() as conn:
+                    if read_committed and self._read_committed is not None:
+                        await conn.execute(self._read_committed)
+                    result = await work(conn)
+                    await conn.commit()
+                    return result
+            except DBAPIError as error:
+                if errno(error) != ER_LOCK_DEADLOCK or attempt == _DEADLOCK_RETRIES:
+                    raise
+                log.debug("deadlock on %s (attempt %d); retrying", self.tables.tasks, attempt)
+        raise AssertionError("unreachable")
+
+    async def rowcount(self, stmt: Executable, params: Any = None) -> int:
+        """A writing statement, committed explicitly (the engine is not AUTOCOMMIT)."""
+
+        async def run(conn: AsyncConnection) -> int:
+            return int((await conn.execute(stmt, params)).rowcount)
+
+        return await self.transaction(run)
+
+
+class MariaDBDatabase(MySQLDatabase):
+    dialect_name = "mariadb"
+    migrations_folder = "mariadb"
+
+
+class MySQL5Database(MySQLDatabase):
+    """MySQL before 8: the MySQL migrations (the DDL is the same)."""
+
+    dialect_name = "mysql5"

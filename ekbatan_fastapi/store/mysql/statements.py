@@ -1,0 +1,206 @@
+"""Every MySQL/MariaDB statement of the library, in one place to review.
+
+Each statement is a function of the quoted table names it reads (``t``: ``scheduled_tasks``,
+``p``: the paused tasks), so the text is built once per store. ``:name`` are bound parameters
+(``IN :names`` / ``IN :keys`` / ``IN :owned`` expand lists, or lists of tuples; ``EXPANDING``
+says which). Every timestamp is UTC: the clock is ``UTC_TIMESTAMP(6)``, never ``NOW()``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CLOCK",
+    "EXPANDING",
+    "NOW",
+    "READ_COMMITTED",
+    "candidates",
+    "claim",
+    "clock",
+    "dead_candidates",
+    "delete_owned",
+    "existing",
+    "heartbeat",
+    "lock_dead",
+    "lock_due",
+    "lock_keys",
+    "lock_owned",
+    "release",
+    "replace",
+    "reschedule_owned",
+    "still_owned",
+]
+
+COLUMNS = (
+    "task_name, task_instance, task_data, execution_time, picked, picked_by, last_success, "
+    "last_failure, consecutive_failures, last_heartbeat, version, priority"
+)
+KEY = "(task_name, task_instance)"
+OWNED = "(task_name, task_instance, version)"
+NOW = "UTC_TIMESTAMP(6)"
+CLOCK = f"SELECT {NOW}"
+DEAD = (
+    f"picked = 1 AND (last_heartbeat IS NULL "
+    f"OR last_heartbeat < {NOW} - INTERVAL :dead_us MICROSECOND)"
+)
+READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+EXPANDING = ("names", "keys", "owned")
+"""The list parameters (``IN :x``); every statement's parameter of these names expands."""
+
+
+def _wanted(p: str | None) -> str:
+    """The task names this instance polls for, less the paused ones when ``p`` is given."""
+    return (
+        f"task_name IN :names AND task_name NOT IN (SELECT task_name FROM {p})"
+        if p
+        else ("task_name IN :names")
+    )
+
+
+# -- claiming ----------------------------------------------------------------------------------
+
+
+def candidates(t: str, p: str | None) -> str:
+    """Fetch, step 1 (no locks): the clock, the next due time and the candidates."""
+    wanted = _wanted(p)
+    return f"""
+SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
+FROM (SELECT {NOW} AS db_now,
+        (SELECT MIN(execution_time) FROM {t}
+         WHERE picked = 0 AND execution_time > {NOW} AND {wanted}) AS next_due) AS x
+LEFT JOIN (
+    SELECT task_name, task_instance, version, priority, execution_time FROM {t}
+    WHERE picked = 0 AND execution_time <= {NOW} AND {wanted}
+    ORDER BY priority DESC, execution_time ASC
+    LIMIT :limit
+) AS c ON TRUE
+ORDER BY c.priority DESC, c.execution_time ASC
+"""
+
+
+def lock_keys(t: str) -> str:
+    """Fetch, step 2: lock the candidates in key order; those still unpicked at the version
+    seen are claimed (the optimistic check, made under the row lock)."""
+    return f"""
+SELECT {COLUMNS}, {NOW} AS db_now FROM {t}
+WHERE {KEY} IN :keys
+ORDER BY task_name, task_instance
+FOR UPDATE
+"""
+
+
+def lock_due(t: str, p: str | None) -> str:
+    """Lock-and-fetch: lock due rows nobody else holds; claimed by ``claim`` in the same
+    transaction."""
+    return f"""
+SELECT {COLUMNS}, {NOW} AS db_now FROM {t}
+WHERE picked = 0 AND execution_time <= {NOW} AND {_wanted(p)}
+ORDER BY priority DESC, execution_time ASC
+LIMIT :limit
+FOR UPDATE SKIP LOCKED
+"""
+
+
+def clock(t: str, p: str | None) -> str:
+    """Lock-and-fetch, after the claim and in its transaction: the clock and the earliest
+    unpicked time, due or not. A due time here is a row this poll did not get: a peer held
+    its lock (a peer's claim, or a peer's scan that locks a row while it checks it), or it
+    came due between ``lock_due``'s clock and this one. The scheduler then looks again soon
+    instead of a poll interval later."""
+    return (
+        f"SELECT {NOW} AS db_now, "
+        f"(SELECT MIN(execution_time) FROM {t} WHERE picked = 0 AND {_wanted(p)}) AS next_due"
+    )
+
+
+def claim(t: str) -> str:
+    return f"""
+UPDATE {t} SET picked = 1, picked_by = :picked_by, last_heartbeat = :now, version = version + 1
+WHERE {KEY} IN :keys AND picked = 0
+"""
+
+
+# -- recording results: every write is guarded by the version the claim wrote ----------------------
+
+
+def lock_owned(t: str) -> str:
+    return f"""
+SELECT task_name, task_instance, version FROM {t}
+WHERE {KEY} IN :keys
+ORDER BY task_name, task_instance
+FOR UPDATE
+"""
+
+
+def delete_owned(t: str) -> str:
+    return f"DELETE FROM {t} WHERE {OWNED} IN :owned"
+
+
+def release(t: str) -> str:
+    return f"""
+UPDATE {t} SET picked = 0, picked_by = NULL, last_heartbeat = NULL, version = version + 1
+WHERE {OWNED} IN :owned
+"""
+
+
+def reschedule_owned(t: str, next_time: str, *, failed: bool) -> str:
+    """Reschedule owned rows after a success (or ``failed``); ``next_time`` is a ``CASE`` over
+    the batch's keys (NULL for a key without a next time)."""
+    counters = (
+        f"last_failure = {NOW}, consecutive_failures = COALESCE(consecutive_failures, 0) + 1"
+        if failed
+        else f"last_success = {NOW}, consecutive_failures = 0"
+    )
+    return f"""
+UPDATE {t} SET execution_time = COALESCE({next_time}, execution_time),
+    picked = 0, picked_by = NULL, last_heartbeat = NULL,
+    {counters}, version = version + 1
+WHERE {OWNED} IN :owned
+"""
+
+
+def heartbeat(t: str) -> str:
+    return f"""
+UPDATE {t} SET last_heartbeat = {NOW}
+WHERE {OWNED} IN :owned AND picked = 1
+"""
+
+
+def still_owned(t: str) -> str:
+    return f"SELECT task_name, task_instance FROM {t} WHERE {OWNED} IN :owned AND picked = 1"
+
+
+def dead_candidates(t: str) -> str:
+    """The candidates, and (in the row with a NULL key) when the next picked row would die if
+    its heartbeats stopped now."""
+    return f"""
+SELECT task_name, task_instance, version, NULL AS next_death FROM {t}
+WHERE task_name IN :names AND {DEAD}
+UNION ALL
+SELECT NULL, NULL, NULL, MIN(last_heartbeat) + INTERVAL :dead_us MICROSECOND FROM {t}
+WHERE task_name IN :names AND picked = 1
+  AND last_heartbeat >= {NOW} - INTERVAL :dead_us MICROSECOND
+"""
+
+
+def lock_dead(t: str, *, skip_locked: bool) -> str:
+    return f"""
+SELECT {COLUMNS} FROM {t}
+WHERE {OWNED} IN :owned AND {DEAD}
+ORDER BY task_name, task_instance
+FOR UPDATE{" SKIP LOCKED" if skip_locked else ""}
+"""
+
+
+# -- scheduling ------------------------------------------------------------------------------------
+
+
+def existing(t: str) -> str:
+    return f"SELECT task_name, task_instance FROM {t} WHERE {KEY} IN :keys"
+
+
+def replace(t: str) -> str:
+    return f"""
+UPDATE {t} SET execution_time = COALESCE(:time, {NOW}), task_data = :data,
+    priority = :priority, version = version + 1
+WHERE task_name = :name AND task_instance = :instance AND picked = 0
+"""

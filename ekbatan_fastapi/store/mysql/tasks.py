@@ -1,0 +1,384 @@
+"""MySQL 8+ and MariaDB 10.6+ (asyncmy): the hot path, and MySQL before 8 through an override.
+
+Neither database has ``UPDATE ... RETURNING`` or ``UPDATE ... FROM``. Where PostgreSQL answers
+"which rows did this write" in the write itself, a short transaction here first locks and reads
+the rows (in primary-key order, so two writers never wait on each other in a cycle), then
+writes exactly those. Single statements answer with their row count (SQLAlchemy's MySQL
+dialects connect with ``CLIENT_FOUND_ROWS``: matched rows, not changed rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import TextClause, insert, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Executable
+
+from ...domain.records import ExecutionRecord
+from ...domain.rows import (
+    Finish,
+    FinishKind,
+    NewTask,
+    Owned,
+    PollingStrategy,
+    PollResult,
+    Revival,
+    TaskKey,
+    TaskRow,
+)
+from ..database import aware
+from ..lease import Lease
+from ..tasks import TaskStore
+from . import statements as q
+from .database import ER_DUP_ENTRY, MySQLDatabase, errno, naive_utc
+
+__all__ = ["MySQL5TaskStore", "MySQLTaskStore"]
+
+_CHUNK = 1000
+"""Keys per statement when reading many keys at once."""
+
+
+class _RowsLost(Exception):
+    """A version-guarded write matched fewer rows than it was given (rolls the transaction
+    back)."""
+
+
+def _aware(value: datetime | None) -> datetime:
+    result = aware(value)
+    assert result is not None
+    return result
+
+
+class MySQLTaskStore(TaskStore):
+    """MySQL 8+ and MariaDB 10.6+: ``FOR UPDATE SKIP LOCKED`` for lock-and-fetch."""
+
+    supports_skip_locked = True
+
+    def __init__(self, db: MySQLDatabase) -> None:
+        super().__init__(db)
+        self.db: MySQLDatabase = db
+        sql = db.sql
+        t = db.quoted(db.tables.tasks)
+        p = db.quoted(db.tables.paused)
+        # (candidates, lock_due, clock), without and with the pause filter
+        self._poll_sql: dict[bool, tuple[TextClause, TextClause, TextClause]] = {
+            skip_paused: (
+                sql(q.candidates(t, p if skip_paused else None)),
+                sql(q.lock_due(t, p if skip_paused else None)),
+                sql(q.clock(t, p if skip_paused else None)),
+            )
+            for skip_paused in (False, True)
+        }
+        self._t = t
+        self._lock_keys = sql(q.lock_keys(t))
+        self._claim = sql(q.claim(t))
+        self._lock_owned = sql(q.lock_owned(t))
+        self._delete = sql(q.delete_owned(t))
+        self._release = sql(q.release(t))
+        self._heartbeat = sql(q.heartbeat(t))
+        self._still_owned = sql(q.still_owned(t))
+        self._dead_candidates = sql(q.dead_candidates(t))
+        self._lock_dead = sql(q.lock_dead(t, skip_locked=self.supports_skip_locked))
+        self._existing = sql(q.existing(t))
+        self._replace = sql(q.replace(t))
+
+    # -- startup and the client -------------------------------------------------------------
+
+    async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
+        """Read which keys exist, insert the others with plain ``INSERT`` statements in one
+        transaction; when a peer inserted one of them meanwhile, a duplicate key rolls it all
+        back and the two steps run again, so the answer is exact. (No ``INSERT IGNORE``: it
+        would also turn a too-long value into a silent truncation.) A key that collides only
+        under the column's collation (``'Job'`` and ``'job'``) falls back to row by row."""
+        unique: dict[TaskKey, NewTask] = {}
+        for task in tasks:
+            unique.setdefault((task.task_name, task.task_instance), task)
+        missing: list[TaskKey] = []
+        for _ in range(2):
+            missing = await self._missing_keys(list(unique))
+            if not missing:
+                return []
+            try:
+                await self.db.transaction(
+                    functools.partial(self._insert, tasks=unique, keys=missing)
+                )
+            except DBAPIError as error:
+                if errno(error) != ER_DUP_ENTRY:
+                    raise
+                continue
+            return missing
+        inserted = []
+        for key in missing:
+            try:
+                await self.db.rowcount(insert(self.table).values(self._values(unique[key])))
+            except DBAPIError as error:
+                if errno(error) != ER_DUP_ENTRY:
+                    raise
+            else:
+                inserted.append(key)
+        return inserted
+
+    async def _missing_keys(self, keys: list[TaskKey]) -> list[TaskKey]:
+        existing: set[TaskKey] = set()
+        async with self.db.connect() as conn:
+            for start in range(0, len(keys), _CHUNK):
+                result = await conn.execute(self._existing, {"keys": keys[start : start + _CHUNK]})
+                existing.update((r[0], r[1]) for r in result)
+        return sorted(key for key in keys if key not in existing)
+
+    async def _insert(
+        self, conn: AsyncConnection, *, tasks: dict[TaskKey, NewTask], keys: list[TaskKey]
+    ) -> None:
+        """One executemany (SQLAlchemy sends it as multi-row INSERTs, 1,000 rows each)."""
+        now: datetime | None = None
+        if any(tasks[key].execution_time is None for key in keys):
+            now = (await conn.execute(select(self.db.now_expr()))).scalar_one()
+        rows = []
+        for key in keys:
+            row = self._values(tasks[key])
+            if tasks[key].execution_time is None:
+                row["execution_time"] = now
+            rows.append(row)
+        await conn.execute(insert(self.table), rows)
+
+    def _values(self, task: NewTask) -> dict[str, Any]:
+        return {
+            "task_name": task.task_name,
+            "task_instance": task.task_instance,
+            "task_data": task.task_data,
+            "execution_time": (
+                task.execution_time if task.execution_time is not None else self.db.now_expr()
+            ),
+            "picked": False,
+            "version": 1,
+            "priority": task.priority,
+        }
+
+    async def upsert(self, task: NewTask, *, replace: bool) -> bool:
+        """``task.execution_time`` None means the database's now."""
+        params = {
+            "name": task.task_name,
+            "instance": task.task_instance,
+            "data": task.task_data,
+            "time": naive_utc(task.execution_time),
+            "priority": task.priority,
+        }
+        if replace and await self.db.rowcount(self._replace, params) == 1:
+            return True
+        try:
+            await self.db.rowcount(insert(self.table).values(self._values(task)))
+            return True
+        except DBAPIError as error:
+            if errno(error) != ER_DUP_ENTRY:
+                raise
+        # A peer inserted it between our two statements: replace it unless it is picked.
+        return replace and await self.db.rowcount(self._replace, params) == 1
+
+    # -- the hot path -----------------------------------------------------------------------
+
+    async def _poll(
+        self,
+        names: Sequence[str],
+        limit: int,
+        picked_by: str,
+        strategy: PollingStrategy,
+        *,
+        skip_paused: bool,
+        lease: Lease | None,
+    ) -> PollResult:
+        """As the base says; ``next_due`` is None when the batch came back full (the poller
+        polls again at once and does not read it). The claim runs in transactions of its own
+        (``lease`` is not used)."""
+        if strategy == PollingStrategy.LOCK_AND_FETCH:
+            if not self.supports_skip_locked:
+                raise ValueError(f"{self.dialect_name} has no FOR UPDATE SKIP LOCKED")
+            return await self._lock_and_fetch(list(names), limit, picked_by, skip_paused)
+        candidates = self._poll_sql[skip_paused][0]
+        async with self.db.connect() as conn:
+            rows = list(await conn.execute(candidates, {"names": list(names), "limit": limit}))
+        db_now = _aware(rows[0]._mapping["db_now"])
+        next_due = aware(rows[0]._mapping["next_due"])
+        seen = {(r[2], r[3]): int(r[4]) for r in rows if r[2] is not None}
+        if not seen:
+            return PollResult([], db_now, next_due)
+
+        async def claim(conn: AsyncConnection) -> list[TaskRow]:
+            locked = await conn.execute(self._lock_keys, {"keys": list(seen)})
+            ours = [
+                r
+                for r in locked
+                if not r._mapping["picked"]
+                and seen.get((r._mapping["task_name"], r._mapping["task_instance"]))
+                == r._mapping["version"]
+            ]
+            return await self._claim_locked(conn, ours, picked_by)
+
+        claimed = await self.db.transaction(claim)
+        return PollResult(claimed, db_now, next_due, more_due=len(seen) >= limit)
+
+    async def _lock_and_fetch(
+        self, names: list[str], limit: int, picked_by: str, skip_paused: bool
+    ) -> PollResult:
+        _, lock_due, clock_sql = self._poll_sql[skip_paused]
+
+        async def run(conn: AsyncConnection) -> PollResult:
+            locked = list(await conn.execute(lock_due, {"names": names, "limit": limit}))
+            claimed = await self._claim_locked(conn, locked, picked_by)
+            if locked and len(locked) >= limit:
+                return PollResult(claimed, _aware(locked[0]._mapping["db_now"]), None)
+            clock = (await conn.execute(clock_sql, {"names": names})).one()
+            return PollResult(claimed, _aware(clock[0]), aware(clock[1]))
+
+        return await self.db.transaction(run, read_committed=True)
+
+    async def _claim_locked(
+        self, conn: AsyncConnection, locked: Sequence[Any], picked_by: str
+    ) -> list[TaskRow]:
+        """Claim rows this transaction holds locked; the rows as the claim leaves them."""
+        if not locked:
+            return []
+        now = locked[0]._mapping["db_now"]
+        keys = [(r._mapping["task_name"], r._mapping["task_instance"]) for r in locked]
+        updated = await conn.execute(
+            self._claim, {"keys": keys, "picked_by": picked_by, "now": now}
+        )
+        if updated.rowcount != len(keys):  # cannot happen: the rows are locked and unpicked
+            raise RuntimeError(f"claimed {updated.rowcount} of {len(keys)} locked rows")
+        claimed_at = _aware(now)
+        return [
+            dataclasses.replace(
+                self.to_row(r),
+                picked=True,
+                picked_by=picked_by,
+                last_heartbeat=claimed_at,
+                version=int(r._mapping["version"]) + 1,
+            )
+            for r in locked
+        ]
+
+    async def _finish(
+        self,
+        items: Sequence[Finish],
+        *,
+        lease: Lease | None,
+        history: Sequence[ExecutionRecord],
+        picked_by: str | None,
+        retry: bool,
+    ) -> set[TaskKey]:
+        """One statement per kind of result, each guarded by the owned versions, in one
+        transaction: when every row matched, all were recorded. Otherwise (rows revived
+        meanwhile) that is rolled back, and a second transaction locks the rows in key order,
+        keeps those still at our version and writes exactly those."""
+        if not items:
+            return set()
+        by_key = {i.owned.key: i for i in items}
+        try:
+            return await self.db.transaction(
+                functools.partial(self._record, items=list(by_key.values()), strict=True)
+            )
+        except _RowsLost:
+            pass
+
+        async def precise(conn: AsyncConnection) -> set[TaskKey]:
+            locked = await conn.execute(self._lock_owned, {"keys": list(by_key)})
+            ours = [
+                by_key[(r[0], r[1])] for r in locked if by_key[(r[0], r[1])].owned.version == r[2]
+            ]
+            return await self._record(conn, items=ours, strict=False)
+
+        return await self.db.transaction(precise)
+
+    async def _record(
+        self, conn: AsyncConnection, *, items: list[Finish], strict: bool
+    ) -> set[TaskKey]:
+        groups: dict[FinishKind, list[Finish]] = {}
+        for item in items:
+            groups.setdefault(item.kind, []).append(item)
+        for kind, group in groups.items():
+            written = (await conn.execute(*self._finish_statement(kind, group))).rowcount
+            if strict and written != len(group):
+                raise _RowsLost
+        return {item.owned.key for item in items}
+
+    def _finish_statement(
+        self, kind: FinishKind, group: list[Finish]
+    ) -> tuple[Executable, dict[str, Any]]:
+        params: dict[str, Any] = {
+            "owned": [(i.owned.task_name, i.owned.task_instance, i.owned.version) for i in group]
+        }
+        if kind is FinishKind.DELETED:
+            return self._delete, params
+        if kind is FinishKind.RELEASED:
+            return self._release, params
+        whens = []
+        for n, item in enumerate(group):
+            if item.next_time is not None:
+                whens.append(
+                    f"WHEN task_name = :n{n} AND task_instance = :i{n} "
+                    f"THEN CAST(:t{n} AS DATETIME(6))"
+                )
+                params.update(
+                    {
+                        f"n{n}": item.owned.task_name,
+                        f"i{n}": item.owned.task_instance,
+                        f"t{n}": naive_utc(item.next_time),
+                    }
+                )
+        next_time = f"CASE {' '.join(whens)} END" if whens else "NULL"
+        failed = kind is FinishKind.FAILED
+        return self.db.sql(q.reschedule_owned(self._t, next_time, failed=failed)), params
+
+    async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
+        """One update; only when it matched fewer rows than asked, a read says which are still
+        ours (a version only grows, so a row missed by the update cannot match the read)."""
+        if not owned:
+            return set()
+        keys = [(o.task_name, o.task_instance, o.version) for o in owned]
+        if await self.db.rowcount(self._heartbeat, {"owned": keys}) == len(set(keys)):
+            return {o.key for o in owned}
+        async with self.db.connect() as conn:
+            result = await conn.execute(self._still_owned, {"owned": keys})
+            return {(r[0], r[1]) for r in result}
+
+    async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
+        """A plain read finds candidates (the usual answer is none) and the next death; a
+        transaction then locks them in key order, checks again that they are dead at the
+        version seen, and unpicks."""
+        if not names:
+            return Revival([], None)
+        dead_us = dead_after // timedelta(microseconds=1)
+        async with self.db.connect() as conn:
+            result = list(
+                await conn.execute(
+                    self._dead_candidates, {"names": list(names), "dead_us": dead_us}
+                )
+            )
+        candidates = [(r[0], r[1], int(r[2])) for r in result if r[0] is not None]
+        next_death = aware(next((r[3] for r in result if r[0] is None), None))
+        if not candidates:
+            return Revival([], next_death)
+
+        async def run(conn: AsyncConnection) -> list[TaskRow]:
+            locked = list(
+                await conn.execute(self._lock_dead, {"owned": candidates, "dead_us": dead_us})
+            )
+            rows = [self.to_row(r) for r in locked]
+            if rows:
+                owned = [(r.task_name, r.task_instance, r.version) for r in rows]
+                await conn.execute(self._release, {"owned": owned})
+            return rows
+
+        return Revival(await self.db.transaction(run, read_committed=True), next_death)
+
+
+class MySQL5TaskStore(MySQLTaskStore):
+    """MySQL before 8 (and MariaDB before 10.6): no ``SKIP LOCKED``, so the optimistic
+    ``fetch`` strategy only. Reachable only through ``b.dialect("mysql5")``."""
+
+    supports_skip_locked = False

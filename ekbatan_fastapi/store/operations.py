@@ -1,0 +1,209 @@
+"""``OperationsStore``: our own tables (execution history, paused tasks, live instances).
+
+The statements are portable SQLAlchemy Core; the one that differs by dialect (the upsert of a
+pause or an instance row) comes from the dialect's ``Database``. Whether the tables exist is
+looked up once and remembered (again at most every 30 s while they are missing), so the
+scheduler, ``/jobs`` and the client do not inspect the catalog on every call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, insert, inspect, select
+from sqlalchemy.exc import IntegrityError
+
+from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
+from .database import Database, aware
+
+__all__ = ["OperationsStore"]
+
+_RECHECK_MISSING = 30.0
+
+
+def _aware(value: datetime | None) -> datetime:
+    result = aware(value)
+    assert result is not None
+    return result
+
+
+class OperationsStore:
+    """History, pauses and instances, through the jobs database's engine and clock."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.tables = db.tables
+        self._present = False
+        self._checked_at = -_RECHECK_MISSING
+
+    # -- do the tables exist? ------------------------------------------------------------
+
+    @property
+    def present(self) -> bool:
+        """The tables were found (as of the last look)."""
+        return self._present
+
+    async def look(self, *, force: bool = False) -> bool:
+        """True when all three tables exist (they come with migration V0002). Found once, they
+        are taken to exist until ``forget`` (a statement found one gone); while missing, the
+        catalog is read again at most every 30 s (``force``: now)."""
+        if self._present:
+            return True
+        now = time.monotonic()
+        if not force and now - self._checked_at < _RECHECK_MISSING:
+            return False
+        self._checked_at = now
+        names = [t.name for t in self.tables.operations]
+        schema = self.tables.history.schema
+
+        def check(sync_conn: Any) -> bool:
+            inspector = inspect(sync_conn)
+            return all(inspector.has_table(name, schema=schema) for name in names)
+
+        async with self.db.connect() as conn:
+            self._present = bool(await conn.run_sync(check))
+        return self._present
+
+    def forget(self) -> None:
+        """A statement found a table gone: look again (not before 30 s)."""
+        self._present = False
+        self._checked_at = time.monotonic()
+
+    # -- history ------------------------------------------------------------------------
+
+    async def insert_history(self, records: Sequence[ExecutionRecord]) -> None:
+        """Insert many records in one executemany (where the task store does not write them
+        with the completion)."""
+        if not records:
+            return
+        rows = [
+            {
+                "task_name": r.task_name,
+                "task_instance": r.task_instance,
+                "execution_time": r.execution_time,
+                "picked_by": r.picked_by,
+                "started_at": r.started_at,
+                "finished_at": r.finished_at,
+                "outcome": r.outcome,
+                "error_class": r.error_class,
+                "error_message": r.error_message,
+            }
+            for r in records
+        ]
+        await self.db.rowcount(insert(self.tables.history), rows)
+
+    async def history(
+        self, task_name: str | None, *, limit: int = 50, before_id: int | None = None
+    ) -> list[ExecutionRecord]:
+        """Newest first; page with ``before_id`` (the last id of the previous page)."""
+        h = self.tables.history
+        stmt = select(h).order_by(h.c.id.desc()).limit(limit)
+        if task_name is not None:
+            stmt = stmt.where(h.c.task_name == task_name)
+        if before_id is not None:
+            stmt = stmt.where(h.c.id < before_id)
+        return [
+            ExecutionRecord(
+                id=r.id,
+                task_name=r.task_name,
+                task_instance=r.task_instance,
+                execution_time=_aware(r.execution_time),
+                picked_by=r.picked_by,
+                started_at=_aware(r.started_at),
+                finished_at=_aware(r.finished_at),
+                outcome=r.outcome,
+                error_class=r.error_class,
+                error_message=r.error_message,
+            )
+            for r in await self.db.rows(stmt)
+        ]
+
+    async def prune_history(self, older_than: timedelta) -> int:
+        cutoff = (await self.db.clock())[0] - older_than
+        h = self.tables.history
+        return await self.db.rowcount(delete(h).where(h.c.finished_at < cutoff))
+
+    # -- pause --------------------------------------------------------------------------
+
+    async def pause(self, task_name: str, paused_by: str | None, reason: str | None) -> None:
+        """Pause ``task_name`` now (or update who and why)."""
+        update = {"paused_by": paused_by, "paused_at": self.db.now_expr(), "reason": reason}
+        values = {"task_name": task_name, **update}
+        await self.db.rowcount(self.db.upsert(self.tables.paused, values, update))
+
+    async def restore_pause(self, pause: PauseInfo) -> bool:
+        """Put a pause back as it was (who, when, why); False when the task was paused again
+        meanwhile (that pause stands)."""
+        values = {
+            "task_name": pause.task_name,
+            "paused_by": pause.paused_by,
+            "paused_at": pause.paused_at,
+            "reason": pause.reason,
+        }
+        try:
+            await self.db.rowcount(insert(self.tables.paused).values(values))
+        except IntegrityError:
+            return False
+        return True
+
+    async def resume(self, task_name: str) -> bool:
+        p = self.tables.paused
+        return await self.db.rowcount(delete(p).where(p.c.task_name == task_name)) > 0
+
+    async def paused(self) -> dict[str, PauseInfo]:
+        rows = await self.db.rows(select(self.tables.paused))
+        return {
+            r.task_name: PauseInfo(r.task_name, r.paused_by, _aware(r.paused_at), r.reason)
+            for r in rows
+        }
+
+    # -- instances ----------------------------------------------------------------------
+
+    async def report_instance(
+        self, name: str, host: str, pid: int, started_at: datetime, version: str
+    ) -> None:
+        """Create or refresh this instance's row (``last_seen`` = the database's now)."""
+        now = self.db.now_expr()
+        values = {
+            "name": name,
+            "host": host,
+            "pid": pid,
+            "started_at": started_at,
+            "last_seen": now,
+            "library_version": version,
+        }
+        update = {"host": host, "pid": pid, "last_seen": now, "library_version": version}
+        await self.db.rowcount(self.db.upsert(self.tables.instances, values, update))
+
+    async def remove_instance(self, name: str) -> None:
+        i = self.tables.instances
+        await self.db.rowcount(delete(i).where(i.c.name == name))
+
+    async def instances(self, dead_after: timedelta) -> list[InstanceInfo]:
+        """Every instance row; ``alive``: seen within ``dead_after`` by the database clock."""
+        i = self.tables.instances
+        rows = await self.db.rows(select(i).order_by(i.c.name))
+        db_now = (await self.db.clock())[0]
+        result = []
+        for r in rows:
+            last_seen = _aware(r.last_seen)
+            result.append(
+                InstanceInfo(
+                    name=r.name,
+                    host=r.host,
+                    pid=r.pid,
+                    started_at=_aware(r.started_at),
+                    last_seen=last_seen,
+                    library_version=r.library_version,
+                    alive=db_now - last_seen <= dead_after,
+                )
+            )
+        return result
+
+    async def prune_instances(self, older_than: timedelta) -> int:
+        cutoff = (await self.db.clock())[0] - older_than
+        i = self.tables.instances
+        return await self.db.rowcount(delete(i).where(i.c.last_seen < cutoff))

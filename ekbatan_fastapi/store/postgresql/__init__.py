@@ -1,0 +1,1 @@
+"""PostgreSQL 12+ over asyncpg."""

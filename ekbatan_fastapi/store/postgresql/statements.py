@@ -1,0 +1,336 @@
+"""Every PostgreSQL statement of the library, in one place to review.
+
+Each statement is a function of the quoted table names it reads (``t``: ``scheduled_tasks``,
+``h``: the history, ``p``: the paused tasks), so the text is built once per store. Bound
+parameters are written ``:name``; ``Statement`` numbers them ``$1, $2, ...`` for the
+statements sent to asyncpg itself (the hot path), and the others go through SQLAlchemy's
+``text()``.
+
+Multi-row statements take their rows as parallel arrays (``unnest``), so the SQL text is the
+same for every batch size and asyncpg prepares it once per connection.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ...domain.rows import FinishKind
+
+__all__ = [
+    "HISTORY_PARAMS",
+    "RETURNING",
+    "Statement",
+    "claim",
+    "fetch_candidates",
+    "finish",
+    "heartbeat",
+    "insert_missing",
+    "lock_and_fetch",
+    "notify",
+    "revive_dead",
+    "upsert",
+]
+
+COLUMNS = (
+    "task_name",
+    "task_instance",
+    "task_data",
+    "execution_time",
+    "picked",
+    "picked_by",
+    "last_success",
+    "last_failure",
+    "consecutive_failures",
+    "last_heartbeat",
+    "version",
+    "priority",
+)
+RETURNING = ", ".join(f"t.{c}" for c in COLUMNS)
+"""Claimed rows come back in this column order (decoded by position)."""
+
+HISTORY_PARAMS = (
+    "h_names",
+    "h_instances",
+    "h_versions",
+    "h_times",
+    "h_started",
+    "h_finished",
+    "h_outcomes",
+    "h_classes",
+    "h_messages",
+)
+"""The history arrays of ``finish(history=True)``."""
+
+_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
+
+
+class Statement:
+    """A statement for asyncpg itself: ``:name`` parameters become ``$1``, ``$2``..."""
+
+    def __init__(self, name: str, template: str) -> None:
+        order: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in order:
+                order.append(match.group(1))
+            return f"${order.index(match.group(1)) + 1}"
+
+        self.name = name
+        self.template = template
+        """The text with ``:name`` parameters (what ``bench/db_limit.py`` hands to pgbench)."""
+        self.sql = _PARAMETER.sub(number, template)
+        self.order = tuple(order)
+
+    def args(self, params: dict[str, Any]) -> list[Any]:
+        return [params[name] for name in self.order]
+
+
+def _wanted(p: str | None) -> str:
+    """The task names this instance polls for, less the paused ones when ``p`` is given."""
+    names = "task_name = ANY(CAST(:names AS text[]))"
+    return f"{names} AND task_name NOT IN (SELECT task_name FROM {p})" if p else names
+
+
+def _next_due(t: str, wanted: str) -> str:
+    return (
+        f"(SELECT min(execution_time) FROM {t} WHERE picked = false AND execution_time > now() "
+        f"AND {wanted})"
+    )
+
+
+# -- claiming ----------------------------------------------------------------------------------
+
+
+def lock_and_fetch(t: str, p: str | None) -> str:
+    """Claim due rows in one statement (``FOR UPDATE SKIP LOCKED``). ``skipped`` is a due row
+    this statement did not claim although the batch had room: another transaction held it
+    locked (a peer's claim, or anybody's lock). It is reported as the next due time, which is
+    then not in the future, and the scheduler looks again soon. Not computed for a full batch,
+    which is polled again at once anyway."""
+    wanted = _wanted(p)
+    return f"""
+WITH due AS (
+    SELECT task_name, task_instance FROM {t}
+    WHERE picked = false AND execution_time <= now() AND {wanted}
+    ORDER BY priority DESC, execution_time ASC
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {t} AS t
+    SET picked = true, picked_by = :picked_by, last_heartbeat = now(), version = t.version + 1
+    FROM due
+    WHERE t.task_name = due.task_name AND t.task_instance = due.task_instance
+    RETURNING {RETURNING}
+)
+SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due)
+FROM (
+    SELECT now() AS db_now, {_next_due(t, wanted)} AS next_due,
+        CASE WHEN (SELECT count(*) FROM due) < :limit THEN (
+            SELECT min(execution_time) FROM {t}
+            WHERE picked = false AND execution_time <= now() AND {wanted}
+              AND (task_name, task_instance) NOT IN (SELECT task_name, task_instance FROM due)
+        ) END AS skipped
+) AS x
+LEFT JOIN claimed AS c ON true
+"""
+
+
+def fetch_candidates(t: str, p: str | None) -> str:
+    """Fetch, step 1 (no locks): the clock, the next due time and the candidates."""
+    wanted = _wanted(p)
+    return f"""
+SELECT c.*, x.db_now, x.next_due
+FROM (SELECT now() AS db_now, {_next_due(t, wanted)} AS next_due) AS x
+LEFT JOIN LATERAL (
+    SELECT task_name, task_instance, version FROM {t}
+    WHERE picked = false AND execution_time <= now() AND {wanted}
+    ORDER BY priority DESC, execution_time ASC
+    LIMIT :limit
+) AS c ON true
+"""
+
+
+def claim(t: str) -> str:
+    """Fetch, step 2: the optimistic claim of several candidates at once. Locking in key order
+    first keeps two concurrent claimers from deadlocking; the version check is re-evaluated on
+    the locked row."""
+    return f"""
+WITH candidates AS (
+    SELECT t.task_name, t.task_instance FROM {t} AS t
+    JOIN unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[]))
+        AS d(task_name, task_instance, version)
+      ON t.task_name = d.task_name AND t.task_instance = d.task_instance
+    WHERE t.version = d.version AND t.picked = false
+    ORDER BY t.task_name, t.task_instance
+    FOR UPDATE OF t
+)
+UPDATE {t} AS t
+SET picked = true, picked_by = :picked_by, last_heartbeat = now(), version = t.version + 1
+FROM candidates
+WHERE t.task_name = candidates.task_name AND t.task_instance = candidates.task_instance
+RETURNING {RETURNING}
+"""
+
+
+# -- recording results ---------------------------------------------------------------------------
+
+# The kinds are spelled as literals: 0 succeeded, 1 failed, 2 released, 3 deleted.
+assert [k.value for k in FinishKind] == [0, 1, 2, 3]
+
+
+def finish(t: str, h: str | None = None, *, retry: bool = False) -> str:
+    """Record a batch of results, each write guarded by the owned version; with ``h``, also
+    write the execution history in the same statement: one record per execution, its outcome
+    ``superseded`` where the version-guarded write matched nothing (the row was revived
+    elsewhere). ``retry``: an earlier attempt may have committed (its answer was lost): its
+    records are in the table already, and the retry's writes match nothing. Not again."""
+    history = "" if h is None else _finish_history(h, retry=retry)
+    return f"""
+WITH d AS (
+    SELECT * FROM unnest(
+        CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[]),
+        CAST(:next_times AS timestamptz[]), CAST(:kinds AS smallint[])
+    ) AS d(task_name, task_instance, version, next_time, kind)
+), deleted AS (
+    DELETE FROM {t} AS t USING d
+    WHERE d.kind = 3 AND t.task_name = d.task_name AND t.task_instance = d.task_instance
+      AND t.version = d.version
+    RETURNING t.task_name, t.task_instance, d.version
+), updated AS (
+    UPDATE {t} AS t SET
+        execution_time = COALESCE(d.next_time, t.execution_time),
+        picked = false, picked_by = NULL, last_heartbeat = NULL,
+        last_success = CASE WHEN d.kind = 0 THEN now() ELSE t.last_success END,
+        last_failure = CASE WHEN d.kind = 1 THEN now() ELSE t.last_failure END,
+        consecutive_failures = CASE d.kind
+            WHEN 0 THEN 0
+            WHEN 1 THEN COALESCE(t.consecutive_failures, 0) + 1
+            ELSE t.consecutive_failures END,
+        version = t.version + 1
+    FROM d
+    WHERE d.kind <> 3 AND t.task_name = d.task_name AND t.task_instance = d.task_instance
+      AND t.version = d.version
+    RETURNING t.task_name, t.task_instance, d.version
+), done AS (
+    SELECT task_name, task_instance, version FROM deleted
+    UNION ALL
+    SELECT task_name, task_instance, version FROM updated
+){history}
+SELECT task_name, task_instance FROM done
+"""
+
+
+def _finish_history(h: str, *, retry: bool) -> str:
+    unwritten = (
+        f"""
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {h} AS w
+        WHERE w.task_name = e.task_name AND w.task_instance = e.task_instance
+          AND w.execution_time = e.execution_time AND w.started_at = e.started_at
+          AND w.picked_by = :picked_by
+    )"""
+        if retry
+        else ""
+    )
+    return f""", history AS (
+    INSERT INTO {h} (task_name, task_instance, execution_time, picked_by, started_at,
+                     finished_at, outcome, error_class, error_message)
+    SELECT e.task_name, e.task_instance, e.execution_time, :picked_by, e.started_at,
+           e.finished_at, CASE WHEN done.task_name IS NULL THEN 'superseded' ELSE e.outcome END,
+           e.error_class, e.error_message
+    FROM unnest(
+        CAST(:h_names AS text[]), CAST(:h_instances AS text[]), CAST(:h_versions AS bigint[]),
+        CAST(:h_times AS timestamptz[]), CAST(:h_started AS timestamptz[]),
+        CAST(:h_finished AS timestamptz[]), CAST(:h_outcomes AS text[]),
+        CAST(:h_classes AS text[]), CAST(:h_messages AS text[])
+    ) AS e(task_name, task_instance, version, execution_time, started_at, finished_at, outcome,
+           error_class, error_message)
+    LEFT JOIN done ON done.task_name = e.task_name AND done.task_instance = e.task_instance
+        AND done.version = e.version{unwritten}
+)"""
+
+
+def heartbeat(t: str) -> str:
+    return f"""
+UPDATE {t} AS t SET last_heartbeat = now()
+FROM unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[]))
+    AS d(task_name, task_instance, version)
+WHERE t.task_name = d.task_name AND t.task_instance = d.task_instance
+  AND t.version = d.version AND t.picked = true
+RETURNING t.task_name, t.task_instance
+"""
+
+
+def revive_dead(t: str) -> str:
+    """Revive dead executions, and answer when the next picked row would die if its heartbeats
+    stopped now: the housekeeper looks again then, instead of at its next round (failover
+    within milliseconds of the dead window, not up to one heartbeat interval later)."""
+    return f"""
+WITH dead AS (
+    SELECT task_name, task_instance, picked_by, last_heartbeat FROM {t}
+    WHERE picked = true AND task_name = ANY(CAST(:names AS text[]))
+      AND (last_heartbeat IS NULL OR last_heartbeat < now() - CAST(:dead_after AS interval))
+    ORDER BY task_name, task_instance
+    FOR UPDATE SKIP LOCKED
+), revived AS (
+    UPDATE {t} AS t
+    SET picked = false, picked_by = NULL, last_heartbeat = NULL, version = t.version + 1
+    FROM dead
+    WHERE t.task_name = dead.task_name AND t.task_instance = dead.task_instance
+    RETURNING t.task_name, t.task_instance, t.task_data, t.execution_time, true AS picked,
+        dead.picked_by, t.last_success, t.last_failure, t.consecutive_failures,
+        dead.last_heartbeat, t.version - 1 AS version, t.priority
+)
+SELECT r.*, w.next_death
+FROM (
+    SELECT min(last_heartbeat) + CAST(:dead_after AS interval) AS next_death FROM {t}
+    WHERE picked = true AND task_name = ANY(CAST(:names AS text[]))
+      AND last_heartbeat >= now() - CAST(:dead_after AS interval)
+) AS w
+LEFT JOIN revived AS r ON true
+"""
+
+
+# -- scheduling ------------------------------------------------------------------------------------
+
+
+def insert_missing(t: str) -> str:
+    return f"""
+INSERT INTO {t} (task_name, task_instance, task_data, execution_time, picked, version, priority)
+SELECT d.task_name, d.task_instance, d.task_data, COALESCE(d.execution_time, now()), false, 1,
+       d.priority
+FROM unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:datas AS bytea[]),
+            CAST(:times AS timestamptz[]), CAST(:priorities AS smallint[]))
+    AS d(task_name, task_instance, task_data, execution_time, priority)
+ON CONFLICT (task_name, task_instance) DO NOTHING
+RETURNING task_name, task_instance
+"""
+
+
+def upsert(t: str, *, replace: bool) -> str:
+    """Insert one row (or, with ``replace``, move an unpicked existing one), and notify the
+    listeners. The notification is sent at commit, so listeners never see a row that is not
+    there yet."""
+    action = (
+        """UPDATE SET execution_time = EXCLUDED.execution_time, task_data = EXCLUDED.task_data,
+    priority = EXCLUDED.priority, version = t.version + 1 WHERE t.picked = false"""
+        if replace
+        else "NOTHING"
+    )
+    return f"""
+WITH written AS (
+    INSERT INTO {t} AS t (task_name, task_instance, task_data, execution_time, picked, version,
+                          priority)
+    VALUES (:name, :instance, :data, COALESCE(CAST(:time AS timestamptz), now()), false, 1,
+            :priority)
+    ON CONFLICT (task_name, task_instance) DO {action}
+    RETURNING t.task_name, t.execution_time
+)
+SELECT task_name, pg_notify(:channel, CAST(extract(epoch FROM execution_time) AS text))
+FROM written
+"""
+
+
+def notify() -> str:
+    return "SELECT pg_notify(:channel, :payload)"

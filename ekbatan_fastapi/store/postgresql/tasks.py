@@ -1,0 +1,276 @@
+"""PostgreSQL's hot path: batched, one round trip each, arrays via ``unnest``.
+
+The hot statements (claim, completion, heartbeat) run on the asyncpg connection under
+SQLAlchemy's pooled one, held by the calling loop's ``Lease``: SQLAlchemy's per-statement
+checkout, parameter processing and result rows cost several times what asyncpg itself does
+(see docs/BENCHMARKS.md), and these statements are all the scheduler sends under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import text
+
+from ...domain.records import ExecutionRecord
+from ...domain.rows import (
+    Finish,
+    NewTask,
+    Owned,
+    PollingStrategy,
+    PollResult,
+    Revival,
+    TaskKey,
+    TaskRow,
+)
+from ..lease import Lease, discard_connection
+from ..probe import probes
+from ..tasks import HistoryTableMissing, HistoryUnwritable, TaskStore
+from . import statements as q
+from .database import PostgresDatabase, sqlstate
+
+__all__ = ["PostgresTaskStore"]
+
+
+def _refused_value(error: BaseException) -> bool:
+    """A statement the database (or asyncpg, encoding it) refused as a whole: a data,
+    integrity, syntax or permission error, not a lost connection or a timeout."""
+    code = sqlstate(error)
+    if code is not None:
+        return code[:2] in ("22", "23", "42")
+    return isinstance(error, UnicodeError | ValueError)
+
+
+def _task_row(r: Any) -> TaskRow:
+    """A claimed row, by position (``statements.RETURNING``'s order); asyncpg returns aware
+    times."""
+    return TaskRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
+
+
+def _owned_params(owned: Sequence[Owned]) -> dict[str, Any]:
+    return {
+        "names": [o.task_name for o in owned],
+        "instances": [o.task_instance for o in owned],
+        "versions": [o.version for o in owned],
+    }
+
+
+def _history_params(history: Sequence[ExecutionRecord]) -> dict[str, Any]:
+    """``statements.HISTORY_PARAMS``' arrays."""
+    columns = (
+        [r.task_name for r in history],
+        [r.task_instance for r in history],
+        [r.version for r in history],
+        [r.execution_time for r in history],
+        [r.started_at for r in history],
+        [r.finished_at for r in history],
+        [r.outcome for r in history],
+        [r.error_class for r in history],
+        [r.error_message for r in history],
+    )
+    return dict(zip(q.HISTORY_PARAMS, columns, strict=True))
+
+
+class PostgresTaskStore(TaskStore):
+    """PostgreSQL 12+ (asyncpg)."""
+
+    supports_skip_locked = True
+    supports_notify = True
+    writes_history_with_finish = True
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        super().__init__(db)
+        tables = db.tables
+        t = db.quoted(tables.tasks)
+        h = db.quoted(tables.history)
+        p = db.quoted(tables.paused)
+        self._poll_sql: dict[bool, tuple[q.Statement, q.Statement]] = {
+            skip_paused: (
+                q.Statement("poll", q.lock_and_fetch(t, p if skip_paused else None)),
+                q.Statement("poll", q.fetch_candidates(t, p if skip_paused else None)),
+            )
+            for skip_paused in (False, True)
+        }
+        self._claim = q.Statement("claim", q.claim(t))
+        self._finish_sql = q.Statement("finish", q.finish(t))
+        self._finish_history = {
+            retry: q.Statement("finish", q.finish(t, h, retry=retry)) for retry in (False, True)
+        }
+        self._heartbeat = q.Statement("heartbeat", q.heartbeat(t))
+        self._revive_sql = text(q.revive_dead(t))
+        self._insert_missing = text(q.insert_missing(t))
+        self._upsert = {replace: text(q.upsert(t, replace=replace)) for replace in (False, True)}
+        self._notify = text(q.notify())
+        self.channel = f"ekbatan_{tables.table_name.replace('.', '_')}"[:63]
+        """The LISTEN/NOTIFY channel of this table."""
+
+    def statements(self) -> dict[str, str]:
+        lock_and_fetch, fetch_candidates = self._poll_sql[True]
+        return {
+            "lock_and_fetch": lock_and_fetch.template,
+            "fetch_candidates": fetch_candidates.template,
+            "claim": self._claim.template,
+            "finish": self._finish_sql.template,
+            "finish_history": self._finish_history[False].template,
+        }
+
+    async def _fetch(
+        self, stmt: q.Statement, params: dict[str, Any], lease: Lease | None
+    ) -> list[Any]:
+        """Run ``stmt`` on asyncpg directly, on ``lease``'s connection (or a pooled one)."""
+        held = lease if lease is not None else self.db.lease()
+        if probes.active:
+            probes.statement(stmt.name, stmt.sql)
+        try:
+            async with self.db.leased(held):
+                driver = await held.driver()
+                return list(await driver.fetch(stmt.sql, *stmt.args(params)))
+        except Exception as error:
+            if self.db.is_missing_table(error):
+                if self.db.tables.history.name in str(error):
+                    raise HistoryTableMissing(str(error)) from error
+                raise self.db.missing_table(error) from error
+            raise
+        finally:
+            if lease is None:
+                await held.release()
+
+    # -- scheduling -------------------------------------------------------------------------
+
+    async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
+        if not tasks:
+            return []
+        rows = await self.db.rows(
+            self._insert_missing,
+            {
+                "names": [t.task_name for t in tasks],
+                "instances": [t.task_instance for t in tasks],
+                "datas": [t.task_data for t in tasks],
+                "times": [t.execution_time for t in tasks],
+                "priorities": [t.priority for t in tasks],
+            },
+        )
+        return [(r[0], r[1]) for r in rows]
+
+    async def upsert(self, task: NewTask, *, replace: bool) -> bool:
+        """``task.execution_time`` None means the database's now."""
+        rows = await self.db.rows(
+            self._upsert[replace],
+            {
+                "name": task.task_name,
+                "instance": task.task_instance,
+                "data": task.task_data,
+                "time": task.execution_time,
+                "priority": task.priority,
+                "channel": self.channel,
+            },
+        )
+        return bool(rows)
+
+    async def notify(self, execution_time: datetime | None) -> None:
+        payload = "" if execution_time is None else str(execution_time.timestamp())
+        await self.db.rows(self._notify, {"channel": self.channel, "payload": payload})
+
+    async def listen(self, on_due: Callable[[datetime | None], None]) -> None:
+        """Hold one pooled connection with LISTEN on the table's channel until it is lost."""
+
+        def received(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            try:
+                when = datetime.fromtimestamp(float(payload), UTC) if payload else None
+            except ValueError:
+                when = None  # a notification we did not write: poll to be safe
+            on_due(when)
+
+        async with self.db.engine.connect() as conn:
+            try:
+                raw = await conn.get_raw_connection()
+                driver: Any = raw.driver_connection
+                lost = asyncio.Event()
+                driver.add_termination_listener(lambda _c: lost.set())
+                async with asyncio.timeout(self.db.statement_timeout):
+                    await driver.add_listener(self.channel, received)
+                on_due(None)  # catch up on whatever was scheduled while nobody listened
+                await lost.wait()
+            finally:
+                # Never back to the pool (it still listens), and no UNLISTEN: a connection that
+                # died silently would never answer it. Closing the session ends the LISTEN.
+                await discard_connection(conn)
+        raise ConnectionError(f"the LISTEN connection on channel {self.channel} was lost")
+
+    # -- the hot path -----------------------------------------------------------------------
+
+    async def _poll(
+        self,
+        names: Sequence[str],
+        limit: int,
+        picked_by: str,
+        strategy: PollingStrategy,
+        *,
+        skip_paused: bool,
+        lease: Lease | None,
+    ) -> PollResult:
+        params: dict[str, Any] = {"names": list(names), "limit": limit, "picked_by": picked_by}
+        lock_and_fetch, fetch_candidates = self._poll_sql[skip_paused]
+        if strategy == PollingStrategy.LOCK_AND_FETCH:
+            rows = await self._fetch(lock_and_fetch, params, lease)
+            claimed = [_task_row(r) for r in rows if r[0] is not None]
+            return PollResult(claimed, rows[0][12], rows[0][13])
+        rows = await self._fetch(fetch_candidates, params, lease)
+        db_now: datetime = rows[0][3]
+        next_due: datetime | None = rows[0][4]
+        candidates = [r for r in rows if r[0] is not None]
+        if not candidates:
+            return PollResult([], db_now, next_due)
+        params["names"] = [r[0] for r in candidates]
+        params["instances"] = [r[1] for r in candidates]
+        params["versions"] = [r[2] for r in candidates]
+        claimed_rows = await self._fetch(self._claim, params, lease)
+        claimed = [_task_row(r) for r in claimed_rows]
+        return PollResult(claimed, db_now, next_due, more_due=len(candidates) >= limit)
+
+    async def _finish(
+        self,
+        items: Sequence[Finish],
+        *,
+        lease: Lease | None,
+        history: Sequence[ExecutionRecord],
+        picked_by: str | None,
+        retry: bool,
+    ) -> set[TaskKey]:
+        if not items and not history:
+            return set()
+        params = _owned_params([i.owned for i in items])
+        params["next_times"] = [i.next_time for i in items]
+        params["kinds"] = [int(i.kind) for i in items]
+        if not history:
+            rows = await self._fetch(self._finish_sql, params, lease)
+            return {(r[0], r[1]) for r in rows}
+        params.update(_history_params(history))
+        params["picked_by"] = picked_by
+        try:
+            rows = await self._fetch(self._finish_history[retry], params, lease)
+        except HistoryTableMissing:
+            raise
+        except Exception as error:
+            if not _refused_value(error):
+                raise
+            # The statement failed as a whole (nothing written): because of the history's
+            # values or a permission on its table. The results must not wait for it.
+            raise HistoryUnwritable(f"{type(error).__name__}: {error}") from error
+        return {(r[0], r[1]) for r in rows}
+
+    async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
+        if not owned:
+            return set()
+        rows = await self._fetch(self._heartbeat, _owned_params(owned), None)
+        return {(r[0], r[1]) for r in rows}
+
+    async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
+        rows = await self.db.rows(
+            self._revive_sql, {"names": list(names), "dead_after": dead_after}
+        )
+        revived = [self.to_row(r) for r in rows if r[0] is not None]
+        return Revival(revived, rows[0]._mapping["next_death"])

@@ -1,0 +1,231 @@
+"""The tables as SQLAlchemy metadata (for Alembic users, ``create_schema`` and the statements).
+
+``scheduled_tasks`` is db-scheduler's table, verbatim, so that it stays compatible with
+db-scheduler itself. Beside it live our own tables (execution history, paused tasks, live
+scheduler instances), in the same schema. ``migrations/<dialect>/`` holds the same DDL as SQL
+files and a test proves the two agree.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    inspect,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.types import TypeEngine
+
+from ..domain.errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_TABLE_NAME",
+    "HISTORY",
+    "INSTANCES",
+    "PAUSED",
+    "Tables",
+    "UTCDateTime",
+    "create_schema",
+    "metadata",
+    "quote_table",
+    "scheduled_tasks",
+    "scheduled_tasks_table",
+    "validate_table_name",
+]
+
+DEFAULT_TABLE_NAME = "scheduled_tasks"
+HISTORY = "ekbatan_execution_history"
+PAUSED = "ekbatan_paused_tasks"
+INSTANCES = "ekbatan_scheduler_instances"
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
+
+
+def validate_table_name(name: str) -> str:
+    """Accept ``table`` or ``schema.table`` made of letters, digits and underscores."""
+    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+        raise ConfigurationError(
+            f"table_name {name!r} is not a plain SQL identifier: use letters, digits and "
+            "underscores (optionally 'schema.table'), e.g. 'scheduled_tasks'"
+        )
+    return name
+
+
+def quote_table(table: Table, dialect: Dialect) -> str:
+    """``table``'s name (with its schema) as the dialect writes it in SQL text."""
+    return dialect.identifier_preparer.format_table(table)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """MySQL/MariaDB ``datetime(6)`` holding UTC: aware values are converted to naive UTC on the
+    way in (the drivers would silently drop the offset) and come back aware, in UTC.
+
+    ``datetime`` rather than ``timestamp`` (db-scheduler's choice) because ``timestamp`` is
+    converted through the session time zone, stops at 2038, and MariaDB gives the first
+    ``timestamp NOT NULL`` column an implicit ``ON UPDATE CURRENT_TIMESTAMP``.
+    """
+
+    impl = mysql.DATETIME(fsp=6)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            return value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+def _key() -> TypeEngine[str]:
+    return Text().with_variant(String(100), "mysql", "mariadb")
+
+
+def _text(length: int) -> TypeEngine[str]:
+    """TEXT on PostgreSQL; VARCHAR(length) on MySQL/MariaDB (indexable, bounded)."""
+    return Text().with_variant(String(length), "mysql", "mariadb")
+
+
+def timestamp() -> TypeEngine[Any]:
+    """``timestamptz`` on PostgreSQL, ``datetime(6)`` in UTC on MySQL/MariaDB."""
+    return DateTime(timezone=True).with_variant(UTCDateTime(), "mysql", "mariadb")
+
+
+def scheduled_tasks_table(name: str = DEFAULT_TABLE_NAME, meta: MetaData | None = None) -> Table:
+    """Describe db-scheduler's table under ``name`` (indexes are prefixed when renamed)."""
+    validate_table_name(name)
+    schema, _, table_name = name.rpartition(".")
+    meta = meta if meta is not None else MetaData()
+    table = Table(
+        table_name,
+        meta,
+        Column("task_name", _key(), primary_key=True, nullable=False),
+        Column("task_instance", _key(), primary_key=True, nullable=False),
+        Column("task_data", LargeBinary().with_variant(mysql.BLOB(), "mysql", "mariadb")),
+        Column("execution_time", timestamp(), nullable=False),
+        Column("picked", Boolean(), nullable=False),
+        Column("picked_by", _text(50)),
+        Column("last_success", timestamp()),
+        Column("last_failure", timestamp()),
+        Column("consecutive_failures", Integer()),
+        Column("last_heartbeat", timestamp()),
+        Column("version", BigInteger(), nullable=False),
+        Column("priority", SmallInteger()),
+        schema=schema or None,
+    )
+    prefix = "" if table_name == DEFAULT_TABLE_NAME else f"{table_name}_"
+    Index(f"{prefix}execution_time_idx", table.c.execution_time)
+    Index(f"{prefix}last_heartbeat_idx", table.c.last_heartbeat)
+    Index(
+        f"{prefix}priority_execution_time_idx",
+        table.c.priority.desc(),
+        table.c.execution_time.asc(),
+    )
+    return table
+
+
+class Tables:
+    """The four tables of one deployment: db-scheduler's under its configured name, and ours
+    (history, paused tasks, instances) in the same schema."""
+
+    def __init__(self, table_name: str = DEFAULT_TABLE_NAME, meta: MetaData | None = None) -> None:
+        self.meta = meta if meta is not None else MetaData()
+        self.tasks = scheduled_tasks_table(table_name, self.meta)
+        self.table_name = table_name
+        schema = self.tasks.schema
+        self.history = Table(
+            HISTORY,
+            self.meta,
+            Column("id", BigInteger(), primary_key=True, autoincrement=True),
+            Column("task_name", _key(), nullable=False),
+            Column("task_instance", _key(), nullable=False),
+            Column("execution_time", timestamp(), nullable=False),
+            Column("picked_by", _text(50)),
+            Column("started_at", timestamp(), nullable=False),
+            Column("finished_at", timestamp(), nullable=False),
+            Column("outcome", _text(20), nullable=False),
+            Column("error_class", _text(200)),
+            Column("error_message", _text(2000)),
+            schema=schema,
+        )
+        Index("ekbatan_history_task_idx", self.history.c.task_name, self.history.c.id)
+        Index("ekbatan_history_finished_idx", self.history.c.finished_at)
+        self.paused = Table(
+            PAUSED,
+            self.meta,
+            Column("task_name", _key(), primary_key=True),
+            Column("paused_by", _text(200)),
+            Column("paused_at", timestamp(), nullable=False),
+            Column("reason", _text(1000)),
+            schema=schema,
+        )
+        self.instances = Table(
+            INSTANCES,
+            self.meta,
+            Column("name", _text(50), primary_key=True),
+            Column("host", _text(255), nullable=False),
+            Column("pid", Integer(), nullable=False),
+            Column("started_at", timestamp(), nullable=False),
+            Column("last_seen", timestamp(), nullable=False),
+            Column("library_version", _text(50), nullable=False),
+            schema=schema,
+        )
+
+    @property
+    def operations(self) -> tuple[Table, Table, Table]:
+        """Our own tables (migration V0002)."""
+        return (self.history, self.paused, self.instances)
+
+    def migration_of(self, table_name: str) -> str:
+        """The shipped migration that creates ``table_name`` (for error messages)."""
+        if table_name in (t.name for t in self.operations):
+            return "V0002__ekbatan_operations"
+        return "V0001__create_scheduled_tasks"
+
+
+metadata = MetaData()
+"""MetaData holding ``scheduled_tasks`` and our tables: point Alembic's ``target_metadata`` at
+it."""
+
+scheduled_tasks = Tables(DEFAULT_TABLE_NAME, metadata).tasks
+
+
+async def create_schema(
+    engine: AsyncEngine, table_name: str = DEFAULT_TABLE_NAME, *, operations: bool = True
+) -> bool:
+    """Create db-scheduler's table and (unless ``operations=False``) our operations tables
+    (execution history, paused tasks, scheduler instances), each only if it is missing.
+    True if anything was created.
+
+    Equivalent to applying ``migrations/<dialect>/V0001__create_scheduled_tasks.sql`` and
+    ``V0002__ekbatan_operations.sql``.
+    """
+    tables = Tables(table_name)
+    wanted = [tables.tasks, *(tables.operations if operations else ())]
+
+    def create(sync_conn: Any) -> bool:
+        inspector = inspect(sync_conn)
+        missing = [t for t in wanted if not inspector.has_table(t.name, t.schema)]
+        tables.meta.create_all(sync_conn, tables=missing)
+        return bool(missing)
+
+    async with engine.begin() as conn:
+        return bool(await conn.run_sync(create))

@@ -1,0 +1,350 @@
+"""``TaskStore``: reads and writes ``scheduled_tasks``. The interface, the lease protocol, and
+the statements every dialect shares (SQLAlchemy Core); a dialect's own module adds the hot path.
+
+The lease protocol, which every dialect implements:
+
+* A row is *owned* by the instance whose claim set ``picked=true`` and bumped ``version``;
+  the owner remembers that version (``Owned``).
+* Every write by the owner (heartbeat, finish) is guarded by ``version = <ours>``. Zero rows
+  updated means the row was revived or changed elsewhere: the owner has lost it and must not
+  record anything.
+* Every "is it due / is it dead" comparison uses the database clock (``now()`` in SQL).
+* Reviving a dead execution bumps ``version`` and keeps ``execution_time`` (the slot keeps
+  its identity), so the stale owner's later writes match zero rows.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Row, delete, select, update
+
+from ..domain.records import ExecutionRecord
+from ..domain.rows import (
+    Finish,
+    NewTask,
+    Owned,
+    PollingStrategy,
+    PollResult,
+    Revival,
+    TaskKey,
+    TaskRow,
+)
+from .database import Database, aware
+from .lease import Lease
+from .probe import probes
+
+__all__ = ["HistoryTableMissing", "HistoryUnwritable", "TaskStore"]
+
+
+class HistoryUnwritable(Exception):
+    """``finish`` failed because of the history it was to write with the results (a value or
+    a permission the database refused); nothing was written. Send the results without it."""
+
+
+class HistoryTableMissing(HistoryUnwritable):
+    """The history table went away while ``finish`` wrote the history with the results."""
+
+
+class TaskStore(abc.ABC):
+    """``scheduled_tasks`` for one dialect; ``db`` sends the statements."""
+
+    supports_skip_locked: bool = False
+    supports_notify: bool = False
+    """True where ``listen`` can push "something became due" to every instance."""
+    writes_history_with_finish: bool = False
+    """True where ``finish`` can insert the execution history in the same statement."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.table = db.tables.tasks
+
+    @property
+    def dialect_name(self) -> str:
+        return self.db.dialect_name
+
+    def to_row(self, row: Row[Any] | Any) -> TaskRow:
+        m = row._mapping
+        execution_time = aware(m["execution_time"])
+        assert execution_time is not None
+        return TaskRow(
+            task_name=m["task_name"],
+            task_instance=m["task_instance"],
+            task_data=bytes(m["task_data"]) if m["task_data"] is not None else None,
+            execution_time=execution_time,
+            picked=bool(m["picked"]),
+            picked_by=m["picked_by"],
+            last_success=aware(m["last_success"]),
+            last_failure=aware(m["last_failure"]),
+            consecutive_failures=m["consecutive_failures"],
+            last_heartbeat=aware(m["last_heartbeat"]),
+            version=int(m["version"]),
+            priority=m["priority"],
+        )
+
+    # -- shared, portable statements ----------------------------------------------------
+
+    async def db_now(self) -> datetime:
+        """The database's clock; the statement also proves that the table exists."""
+        probe = select(self.table.c.version).limit(1).scalar_subquery()
+        now, _ = await self.db.clock(probe)
+        assert isinstance(now, datetime)
+        return now
+
+    async def get(self, task_name: str, task_instance: str) -> TaskRow | None:
+        t = self.table
+        stmt = select(t).where(t.c.task_name == task_name, t.c.task_instance == task_instance)
+        rows = await self.db.rows(stmt)
+        return self.to_row(rows[0]) if rows else None
+
+    async def list_tasks(
+        self,
+        task_name: str | None = None,
+        *,
+        picked: bool | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[TaskRow]:
+        """Rows ordered by execution time (``LIMIT``/``OFFSET``, portable everywhere)."""
+        t = self.table
+        stmt = select(t).order_by(t.c.execution_time, t.c.task_name, t.c.task_instance)
+        if task_name is not None:
+            stmt = stmt.where(t.c.task_name == task_name)
+        if picked is not None:
+            stmt = stmt.where(t.c.picked == picked)
+        stmt = stmt.limit(limit).offset(offset)
+        return [self.to_row(r) for r in await self.db.rows(stmt)]
+
+    async def reschedule(
+        self,
+        task_name: str,
+        task_instance: str,
+        execution_time: datetime | None,
+        *,
+        task_data: bytes | None = None,
+        replace_data: bool = False,
+        expected_version: int | None = None,
+    ) -> bool:
+        """Move an unpicked row to ``execution_time`` (None: the database's now), bumping
+        ``version``. Counters are kept. False when the row is absent, picked, or (with
+        ``expected_version``) changed since it was read: nothing was written."""
+        t = self.table
+        values: dict[str, Any] = {
+            "execution_time": (
+                execution_time if execution_time is not None else self.db.now_expr()
+            ),
+            "version": t.c.version + 1,
+        }
+        if replace_data:
+            values["task_data"] = task_data
+        stmt = (
+            update(t)
+            .where(
+                t.c.task_name == task_name,
+                t.c.task_instance == task_instance,
+                t.c.picked.is_(False),
+            )
+            .values(values)
+        )
+        if expected_version is not None:
+            stmt = stmt.where(t.c.version == expected_version)
+        return await self.db.rowcount(stmt) == 1
+
+    async def delete_unpicked(self, task_name: str, task_instance: str) -> bool:
+        """Delete a row unless it is running. False when absent or picked."""
+        t = self.table
+        stmt = delete(t).where(
+            t.c.task_name == task_name,
+            t.c.task_instance == task_instance,
+            t.c.picked.is_(False),
+        )
+        return await self.db.rowcount(stmt) == 1
+
+    async def claim_now(self, task_name: str, task_instance: str, picked_by: str) -> TaskRow | None:
+        """Claim one unpicked row at once, moving its slot to now (a forced run). Same claim
+        as a poll's (``version + 1``, heartbeat now); None when absent or already picked."""
+        t = self.table
+        where = (t.c.task_name == task_name, t.c.task_instance == task_instance)
+        now = self.db.now_expr()
+        claim = (
+            update(t)
+            .where(*where, t.c.picked.is_(False))
+            .values(
+                picked=True,
+                picked_by=picked_by,
+                last_heartbeat=now,
+                execution_time=now,
+                version=t.c.version + 1,
+            )
+        )
+        async with self.db.connect(self.db.tx_engine, begin=True) as conn:
+            if (await conn.execute(claim)).rowcount != 1:
+                return None
+            row = (await conn.execute(select(t).where(*where))).one()
+        return self.to_row(row)
+
+    async def recurring_rows(self, names: Sequence[str], instance: str) -> list[TaskRow]:
+        t = self.table
+        stmt = select(t).where(t.c.task_instance == instance, t.c.task_name.in_(list(names)))
+        return [self.to_row(r) for r in await self.db.rows(stmt)]
+
+    async def delete_unresolved(self, known_names: Sequence[str], older_than: timedelta) -> int:
+        """Delete unpicked rows of task names this instance does not know, overdue by more
+        than ``older_than`` (measured on the database clock from ``execution_time``)."""
+        t = self.table
+        cutoff = (await self.db_now()) - older_than
+        stmt = delete(t).where(
+            t.c.task_name.not_in(list(known_names)),
+            t.c.picked.is_(False),
+            t.c.execution_time < cutoff,
+        )
+        return await self.db.rowcount(stmt)
+
+    # -- the hot path: each dialect's own statements ------------------------------------
+
+    @abc.abstractmethod
+    async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
+        """Insert rows that do not exist yet, race-safely (version 1, unpicked); the keys
+        actually inserted. A task whose ``execution_time`` is None is due at the database's
+        now. Existing rows are not touched."""
+
+    @abc.abstractmethod
+    async def upsert(self, task: NewTask, *, replace: bool) -> bool:
+        """Insert ``task``; when it exists, replace time/data/priority (``version + 1``) only
+        if ``replace`` and the row is not picked. True when something was written."""
+
+    async def poll(
+        self,
+        names: Sequence[str],
+        limit: int,
+        picked_by: str,
+        strategy: PollingStrategy,
+        *,
+        skip_paused: bool = False,
+        lease: Lease | None = None,
+    ) -> PollResult:
+        """Claim up to ``limit`` due rows (``picked=false AND execution_time <= now()``,
+        ``priority DESC, execution_time ASC``) of ``names`` for ``picked_by``; with
+        ``skip_paused``, not the task names in the pause table (it must exist).
+
+        A claim sets ``picked=true, picked_by, last_heartbeat=now(), version=version+1`` and is
+        exclusive: a row is claimed by at most one caller (fetch: guarded by the version the
+        candidate had when read; lock-and-fetch: by the row lock). Also returns the database's
+        now and the earliest future ``execution_time`` of an unpicked row of ``names``; a
+        dialect may return an earlier one when a due row was left unclaimed (a peer held its
+        lock), and the scheduler then polls again soon.
+        """
+        if not probes.active:
+            return await self._poll(
+                names, limit, picked_by, strategy, skip_paused=skip_paused, lease=lease
+            )
+        started, began = time.time(), time.monotonic()
+        result = await self._poll(
+            names, limit, picked_by, strategy, skip_paused=skip_paused, lease=lease
+        )
+        probes.polled(result, started, time.monotonic() - began)
+        return result
+
+    @abc.abstractmethod
+    async def _poll(
+        self,
+        names: Sequence[str],
+        limit: int,
+        picked_by: str,
+        strategy: PollingStrategy,
+        *,
+        skip_paused: bool,
+        lease: Lease | None,
+    ) -> PollResult:
+        """``poll`` without the probes."""
+
+    async def finish(
+        self,
+        items: Sequence[Finish],
+        *,
+        lease: Lease | None = None,
+        history: Sequence[ExecutionRecord] = (),
+        picked_by: str | None = None,
+        retry: bool = False,
+    ) -> set[TaskKey]:
+        """Record results; each write guarded by the owned version (``Finish.owned``). Returns
+        the keys recorded; a key missing from the answer matched zero rows: the row was revived
+        (or finished) elsewhere and nothing was written for it.
+
+        ``history`` (only where ``writes_history_with_finish``): records inserted into the
+        history table by the same statement, ``superseded`` where no write matched. ``retry``:
+        an earlier attempt of the same batch failed and may have committed (its answer lost):
+        records already in the table are not written again."""
+        if not probes.active:
+            return await self._finish(
+                items, lease=lease, history=history, picked_by=picked_by, retry=retry
+            )
+        began = time.monotonic()
+        try:
+            recorded = await self._finish(
+                items, lease=lease, history=history, picked_by=picked_by, retry=retry
+            )
+        except BaseException as error:
+            probes.finished(items, None, error, time.monotonic() - began)
+            raise
+        probes.finished(items, recorded, None, time.monotonic() - began)
+        return recorded
+
+    @abc.abstractmethod
+    async def _finish(
+        self,
+        items: Sequence[Finish],
+        *,
+        lease: Lease | None,
+        history: Sequence[ExecutionRecord],
+        picked_by: str | None,
+        retry: bool,
+    ) -> set[TaskKey]:
+        """``finish`` without the probes."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
+        """Set ``last_heartbeat=now()`` on owned rows, each guarded by its version and
+        ``picked``; the keys updated (a key missing: the row is no longer ours)."""
+
+    async def revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
+        """Unpick rows of ``names`` whose heartbeat is older than ``dead_after`` (or missing),
+        each guarded by the version it was found dead at, bumping ``version`` and keeping
+        ``execution_time``; and say when the next picked row would be dead."""
+        revival = await self._revive_dead(names, dead_after)
+        if probes.active and revival.revived:
+            probes.revived(revival.revived)
+        return revival
+
+    @abc.abstractmethod
+    async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
+        """``revive_dead`` without the probes."""
+
+    # -- optional push notifications ------------------------------------------------------
+
+    async def notify(self, execution_time: datetime | None) -> None:
+        """Tell every listening instance that a row is due at ``execution_time`` (None: now).
+
+        A no-op where the dialect has no notifications: instances then learn of new work
+        when they poll.
+        """
+        return None
+
+    async def listen(self, on_due: Callable[[datetime | None], None]) -> None:
+        """Call ``on_due`` for every notification until the connection is lost (then raise).
+
+        Only dialects with ``supports_notify`` implement it.
+        """
+        raise NotImplementedError(f"{self.dialect_name} has no notifications")
+
+    # -- for benchmarks -------------------------------------------------------------------
+
+    def statements(self) -> dict[str, str]:
+        """The hot path's statement texts (``:name`` parameters), by name: what
+        ``bench/db_limit.py`` hands to the database's own load client. Empty where the
+        dialect builds its statements per call."""
+        return {}

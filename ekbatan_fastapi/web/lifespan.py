@@ -1,0 +1,218 @@
+"""``ekbatan_lifespan``: builds the JobRegistry from settings and discovered jobs, starts it
+when the application starts and stops it (two-phase) when the application stops.
+
+The lifespan never installs signal handlers (the server owns them) and never waits for the
+database: an application starts while its database is unreachable, and ``/jobs`` says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from starlette.applications import Starlette
+
+from ..domain.errors import ConfigurationError
+from ..domain.job import Job
+from ..registry import ConnectionSource, JobRegistry, SchedulerBuilder, job_registry
+from ..settings import EkbatanSettings
+from ..store.connection import ConnectionProvider
+from .dependencies import get_ekbatan_settings
+from .discovery import discover_job_classes, import_job_modules
+from .resolver import DependencyResolver
+from .state import STATE_KEY, EkbatanState
+
+__all__ = [
+    "AppLifespan",
+    "EkbatanLifespan",
+    "build_registry",
+    "create_ekbatan_lifespan",
+    "ekbatan_lifespan",
+]
+
+log = logging.getLogger(__name__)
+
+AppLifespan = Callable[[Any], AbstractAsyncContextManager[Mapping[str, Any] | None]]
+
+
+def build_registry(
+    settings: EkbatanSettings,
+    jobs: Iterable[Job],
+    *,
+    connection: ConnectionSource | None = None,
+    customize: Callable[[SchedulerBuilder], Any] | None = None,
+) -> JobRegistry:
+    """A JobRegistry configured from ``settings``; opens no connection.
+
+    The pool is the ``jobs-config`` slot of the default shard's first member unless
+    ``connection`` (a URL, AsyncEngine or ConnectionProvider) is given. ``customize`` runs
+    last and may override any setting (``b.missed_heartbeats_limit(8)``, ``b.dialect(...)``).
+    """
+    knobs = settings.jobs
+    source: ConnectionSource = (
+        connection if connection is not None else settings.jobs_datasource().connection_provider()
+    )
+
+    def apply_settings(b: SchedulerBuilder) -> None:
+        b.missed_heartbeats_limit(knobs.missed_heartbeats_limit)
+        b.delete_unresolved_after(knobs.delete_unresolved_after)
+        if knobs.metrics:
+            from ..metrics import EkbatanMetrics
+
+            b.observer(EkbatanMetrics())
+
+    builder = (
+        job_registry()
+        .connection_provider(source)
+        .with_jobs(jobs)
+        .poll_interval(knobs.polling_interval)
+        .heartbeat_interval(knobs.heartbeat_interval)
+        .shutdown_max_wait(knobs.shutdown_max_wait)
+        .customize_scheduler(apply_settings)
+    )
+    if customize is not None:
+        builder.customize_scheduler(customize)
+    return builder.build()
+
+
+class EkbatanLifespan:
+    """A Starlette/FastAPI lifespan; build one with ``create_ekbatan_lifespan``."""
+
+    def __init__(
+        self,
+        *,
+        settings: EkbatanSettings | None = None,
+        jobs: Sequence[Job | type[Job]] = (),
+        modules: Sequence[str] = (),
+        discover: bool = True,
+        connection: ConnectionSource | None = None,
+        customize: Callable[[SchedulerBuilder], Any] | None = None,
+        registry: JobRegistry | None = None,
+        app_lifespan: AppLifespan | None = None,
+    ) -> None:
+        for item in jobs:
+            if not isinstance(item, Job) and not (isinstance(item, type) and issubclass(item, Job)):
+                raise ConfigurationError(
+                    f"jobs=[...] takes job instances or job classes, got {item!r}"
+                )
+        if registry is not None and (jobs or modules or connection or customize):
+            raise ConfigurationError(
+                "registry=... is a ready-made JobRegistry: give its jobs and connection to "
+                "the builder, not also jobs=, modules=, connection= or customize= here"
+            )
+        self._settings = settings
+        self._jobs = tuple(jobs)
+        self._modules = tuple(modules)
+        self._discover = discover
+        self._connection = connection
+        self._customize = customize
+        self._registry = registry
+        self._app_lifespan = app_lifespan
+
+    def __call__(self, app: Starlette) -> AbstractAsyncContextManager[Mapping[str, Any]]:
+        return self._lifespan(app)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[Mapping[str, Any]]:
+        if self._app_lifespan is None:
+            async with self._run(app) as state:
+                yield {STATE_KEY: state}
+            return
+        # The application's own resources open first and close last: jobs may use them.
+        async with self._app_lifespan(app) as app_state, self._run(app) as state:
+            yield {**(app_state or {}), STATE_KEY: state}
+
+    @contextlib.asynccontextmanager
+    async def _run(self, app: Starlette) -> AsyncIterator[EkbatanState]:
+        settings = self._settings if self._settings is not None else EkbatanSettings()
+        async with contextlib.AsyncExitStack() as stack:
+            if self._registry is not None:
+                registry = self._registry
+            else:
+                if self._connection is None:
+                    # A missing or unreadable database setting fails before any provider runs.
+                    settings.jobs_datasource().sqlalchemy_url()
+                jobs = await self._resolve_jobs(app, settings, stack)
+                registry = build_registry(
+                    settings, jobs, connection=self._connection, customize=self._customize
+                )
+            log.info(
+                "ekbatan: starting %d jobs (%s) on %r",
+                len(registry.jobs),
+                ", ".join(sorted(registry.jobs)) or "none",
+                registry.connection,
+            )
+            await registry.start()
+            # Pushed after the providers' teardowns, so it runs before them (LIFO).
+            stack.push_async_callback(registry.stop)
+            state = EkbatanState(settings, registry, dict(registry.jobs))
+            setattr(app.state, STATE_KEY, state)
+            try:
+                yield state
+            finally:
+                if getattr(app.state, STATE_KEY, None) is state:
+                    delattr(app.state, STATE_KEY)
+
+    async def _resolve_jobs(
+        self, app: Starlette, settings: EkbatanSettings, stack: contextlib.AsyncExitStack
+    ) -> list[Job]:
+        """Instances as given; classes (given or discovered) built once with their providers."""
+        import_job_modules(settings.jobs.modules)
+        import_job_modules(self._modules, setting="create_ekbatan_lifespan(modules=...)")
+        given = [job for job in self._jobs if isinstance(job, Job)]
+        classes: list[type[Job]] = [job for job in self._jobs if isinstance(job, type)]
+        if self._discover:
+            classes += discover_job_classes()
+        taken = {type(job) for job in given}
+        resolver = DependencyResolver(
+            stack,
+            overrides=getattr(app, "dependency_overrides", None),
+            preset={get_ekbatan_settings: settings},
+        )
+        jobs = list(given)
+        for cls in dict.fromkeys(classes):
+            if cls not in taken:
+                jobs.append(await resolver.instantiate(cls))
+        return jobs
+
+
+def create_ekbatan_lifespan(
+    *,
+    settings: EkbatanSettings | None = None,
+    jobs: Sequence[Job | type[Job]] = (),
+    modules: Sequence[str] = (),
+    discover: bool = True,
+    connection: ConnectionSource | ConnectionProvider | None = None,
+    customize: Callable[[SchedulerBuilder], Any] | None = None,
+    registry: JobRegistry | None = None,
+    app_lifespan: AppLifespan | None = None,
+) -> EkbatanLifespan:
+    """A lifespan for everything non-default.
+
+    * ``settings``: instead of reading ``EkbatanSettings()`` at startup;
+    * ``jobs``: job instances (used as they are) and classes (built with their providers),
+      in addition to the discovered ones; ``discover=False`` keeps only these;
+    * ``modules``: imported at startup, in addition to ``ekbatan.jobs.modules``;
+    * ``connection``: the jobs pool, instead of the ``jobs-config`` slot;
+    * ``customize``: runs last on the scheduler settings (``b.missed_heartbeats_limit(8)``);
+    * ``registry``: a JobRegistry wired by hand; it is only started and stopped;
+    * ``app_lifespan``: the application's own lifespan; it is entered first and exited last,
+      and the state it yields is merged with ours.
+    """
+    return EkbatanLifespan(
+        settings=settings,
+        jobs=jobs,
+        modules=modules,
+        discover=discover,
+        connection=connection,
+        customize=customize,
+        registry=registry,
+        app_lifespan=app_lifespan,
+    )
+
+
+ekbatan_lifespan = EkbatanLifespan()
+"""The default lifespan: ``FastAPI(lifespan=ekbatan_lifespan)``."""

@@ -1,0 +1,212 @@
+"""The JSON shapes of ``/jobs`` (pydantic models, so that OpenAPI documents them)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ..domain.tasks import TaskState
+
+__all__ = [
+    "ExecutionView",
+    "HistoryPage",
+    "HistoryRecord",
+    "InstanceView",
+    "JobsReport",
+    "PauseResult",
+    "PauseView",
+    "ResumeResult",
+    "RunNowResult",
+    "SchedulerView",
+    "TaskState",
+    "TaskView",
+]
+
+
+class PauseView(BaseModel):
+    """A task paused cluster-wide: who paused it, when and why."""
+
+    name: str = Field(description="the paused task_name")
+    paused_by: str | None = Field(description="who paused it (the admin or the scheduler name)")
+    paused_at: datetime = Field(description="when, by the database's clock")
+    reason: str | None
+
+
+class TaskView(BaseModel):
+    """One row of ``scheduled_tasks``, seen from the database clock."""
+
+    name: str = Field(description="task_name: the job's cluster-wide unique name")
+    instance: str = Field(description="task_instance: 'recurring' for a recurring job's row")
+    kind: Literal["recurring", "one-time", "unknown"] = Field(
+        description="what this instance knows the task as ('unknown': no job of this name here)"
+    )
+    schedule: str | None = Field(
+        description="the recurring job's schedule (e.g. FIXED_DELAY|PT10S), if known here"
+    )
+    state: TaskState = Field(
+        description=(
+            "dead: picked with a heartbeat older than the dead-after window; running: picked; "
+            "paused: paused cluster-wide (see paused); unresolved: no job of this name on this "
+            "instance; overdue: due for longer than two polling intervals; failing: the last "
+            "run failed; scheduled: otherwise"
+        )
+    )
+    paused: PauseView | None = Field(
+        default=None, description="set while the task is paused: who, when and why"
+    )
+    execution_time: datetime = Field(description="the next (or running) slot")
+    picked: bool
+    picked_by: str | None = Field(description="the scheduler instance running it")
+    last_heartbeat: datetime | None
+    heartbeat_age_seconds: float | None = Field(
+        description="seconds since last_heartbeat by the database clock (picked rows only)"
+    )
+    fraction_dead: float | None = Field(
+        description="heartbeat age / dead-after window: 1.0 or more means it can be revived"
+    )
+    last_success: datetime | None
+    last_failure: datetime | None
+    consecutive_failures: int
+    priority: int
+    version: int
+    task_data: Any = Field(
+        default=None, description="the instance's data; shown only when the router enables it"
+    )
+
+
+class ExecutionView(BaseModel):
+    """An execution running on the instance that answered."""
+
+    task_name: str
+    task_instance: str
+    execution_time: datetime
+    started: datetime
+    version: int
+    fraction_dead: float
+    failed_heartbeats: int
+
+
+class SchedulerView(BaseModel):
+    """The scheduler instance that answered the request."""
+
+    name: str = Field(description="this instance's picked_by value")
+    started_at: datetime | None
+    ready: bool = Field(description="reached the database and created its recurring rows")
+    stopping: bool
+    database_reachable: bool | None = Field(
+        description="as last seen by the scheduler's loops (null before the first attempt)"
+    )
+    last_error: str | None
+    last_successful_poll: datetime | None
+    polling_strategy: str
+    batch_size: int
+    loop_restarts: int
+    loop_lag_events: int = Field(
+        default=0, description="how often the event loop was found blocked past the threshold"
+    )
+    max_loop_lag_seconds: float = Field(default=0.0, description="the longest blocked stretch")
+    last_loop_lag_at: datetime | None = None
+    polling_interval: str = Field(description="ISO-8601")
+    heartbeat_interval: str = Field(description="ISO-8601")
+    dead_after: str = Field(description="heartbeat_interval x missed_heartbeats_limit, ISO-8601")
+    jobs: list[str] = Field(description="the job names registered on this instance")
+    running: list[ExecutionView]
+
+
+class InstanceView(BaseModel):
+    """A scheduler instance of the cluster, as it last reported itself."""
+
+    name: str = Field(description="its picked_by value")
+    host: str
+    pid: int
+    started_at: datetime
+    last_seen: datetime = Field(description="refreshed with its heartbeats (database clock)")
+    last_seen_age_seconds: float | None = Field(
+        default=None, description="seconds since last_seen by the database clock"
+    )
+    library_version: str
+    alive: bool = Field(description="seen within the dead-after window")
+    this_instance: bool = Field(default=False, description="the instance that answered")
+
+
+class JobsReport(BaseModel):
+    """``GET /jobs``: the cluster's tasks and this instance's scheduler.
+
+    Answered with 503 instead of 200 when ``healthy`` is false: the database is unreachable,
+    or a task is dead.
+    """
+
+    healthy: bool
+    problems: list[str] = Field(description="why healthy is false, one line per problem")
+    database_time: datetime | None = Field(description="the database's clock at the read")
+    scheduler: SchedulerView
+    tasks: list[TaskView]
+    paused: list[PauseView] = Field(
+        default_factory=list,
+        description="every paused task name, including names without rows in the table",
+    )
+    instances: list[InstanceView] = Field(
+        default_factory=list,
+        description="the cluster's scheduler instances, alive or last seen too long ago",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what is degraded without making the report unhealthy (e.g. a missing "
+        "operations table: no history, pauses or instance list)",
+    )
+
+
+class RunNowResult(BaseModel):
+    """``POST /jobs/{name}/run``: the instance was made due now."""
+
+    name: str
+    instance: str
+    detail: str
+
+
+class HistoryRecord(BaseModel):
+    """One execution from the history, newest first."""
+
+    id: int = Field(description="page with before_id=<the last id of a page>")
+    task_name: str
+    task_instance: str
+    execution_time: datetime = Field(description="the slot that ran")
+    picked_by: str | None = Field(description="the scheduler instance that ran it")
+    started_at: datetime
+    finished_at: datetime
+    duration_seconds: float
+    outcome: str = Field(
+        description=(
+            "succeeded; failed; superseded: its row was revived elsewhere meanwhile; "
+            "cancelled: at shutdown"
+        )
+    )
+    error_class: str | None
+    error_message: str | None = Field(description="without SQL parameters or passwords")
+
+
+class HistoryPage(BaseModel):
+    """``GET /jobs/{name}/history``: a page of executions, newest first."""
+
+    name: str
+    records: list[HistoryRecord]
+    next_before_id: int | None = Field(
+        description="pass as before_id for the next (older) page; null on the last page"
+    )
+
+
+class PauseResult(PauseView):
+    """``POST /jobs/{name}/pause``: the task is paused cluster-wide."""
+
+    detail: str
+
+
+class ResumeResult(BaseModel):
+    """``POST /jobs/{name}/resume``."""
+
+    name: str
+    resumed: bool = Field(description="false when the task was not paused")
+    skip_missed: bool
+    detail: str

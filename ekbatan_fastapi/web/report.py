@@ -1,0 +1,250 @@
+"""Building the ``/jobs`` report: every row with its derived state (the rules are the
+domain's, ``ekbatan_fastapi.domain.tasks``), the pauses, the instances, and the cluster's
+health. The dead-after window is this instance's ``heartbeat_interval x
+missed_heartbeats_limit``: every instance is expected to share them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError
+
+from ..domain.codec import TaskDataError
+from ..domain.durations import format_iso_duration
+from ..domain.errors import SchemaMissingError
+from ..domain.job import DistributedJob, OneTimeJob
+from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
+from ..domain.tasks import ScheduledTask, derive_state, heartbeat_age, overdue_after
+from ..domain.text import redact
+from .models import (
+    ExecutionView,
+    HistoryRecord,
+    InstanceView,
+    JobsReport,
+    PauseView,
+    SchedulerView,
+    TaskView,
+)
+from .state import EkbatanState
+
+__all__ = [
+    "build_report",
+    "describe_failure",
+    "history_record",
+    "instance_view",
+    "pause_view",
+    "scheduler_view",
+    "task_view",
+]
+
+
+def describe_failure(error: BaseException) -> str:
+    """``database unreachable: ...`` for connection and driver errors, else what failed."""
+    what = redact(f"{type(error).__name__}: {error}")
+    if isinstance(error, DBAPIError | OSError):
+        return f"database unreachable: {what}"
+    return f"cannot read the tasks: {what}"
+
+
+def _task_data(task: ScheduledTask) -> Any:
+    if task.task_data is None:
+        return None
+    try:
+        return task.data
+    except TaskDataError:
+        return f"<{len(task.task_data)} bytes, not JSON>"
+
+
+def pause_view(pause: PauseInfo) -> PauseView:
+    return PauseView(
+        name=pause.task_name,
+        paused_by=pause.paused_by,
+        paused_at=pause.paused_at,
+        reason=pause.reason,
+    )
+
+
+def instance_view(instance: InstanceInfo, now: datetime | None, me: str) -> InstanceView:
+    return InstanceView(
+        name=instance.name,
+        host=instance.host,
+        pid=instance.pid,
+        started_at=instance.started_at,
+        last_seen=instance.last_seen,
+        last_seen_age_seconds=(
+            max((now - instance.last_seen).total_seconds(), 0.0) if now is not None else None
+        ),
+        library_version=instance.library_version,
+        alive=instance.alive,
+        this_instance=instance.name == me,
+    )
+
+
+def history_record(record: ExecutionRecord) -> HistoryRecord:
+    assert record.id is not None  # read from the table
+    return HistoryRecord(
+        id=record.id,
+        task_name=record.task_name,
+        task_instance=record.task_instance,
+        execution_time=record.execution_time,
+        picked_by=record.picked_by,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        duration_seconds=record.duration_seconds,
+        outcome=record.outcome,
+        error_class=record.error_class,
+        error_message=redact(record.error_message) if record.error_message else None,
+    )
+
+
+def task_view(
+    task: ScheduledTask,
+    now: datetime,
+    state: EkbatanState,
+    *,
+    include_task_data: bool,
+    pause: PauseInfo | None = None,
+) -> TaskView:
+    config = state.registry.config
+    job = state.registry.jobs.get(task.task_name)
+    age = heartbeat_age(task, now)
+    return TaskView(
+        name=task.task_name,
+        instance=task.task_instance,
+        kind=(
+            "recurring"
+            if isinstance(job, DistributedJob)
+            else "one-time"
+            if isinstance(job, OneTimeJob)
+            else "unknown"
+        ),
+        schedule=job.schedule().describe() if isinstance(job, DistributedJob) else None,
+        state=derive_state(
+            task,
+            now,
+            known=job is not None,
+            dead_after=config.dead_after,
+            overdue_after=overdue_after(config.polling_interval),
+            paused=pause is not None,
+        ),
+        paused=pause_view(pause) if pause is not None else None,
+        execution_time=task.execution_time,
+        picked=task.picked,
+        picked_by=task.picked_by,
+        last_heartbeat=task.last_heartbeat,
+        heartbeat_age_seconds=age.total_seconds() if age is not None else None,
+        fraction_dead=(age / config.dead_after) if age is not None else None,
+        last_success=task.last_success,
+        last_failure=task.last_failure,
+        consecutive_failures=task.consecutive_failures,
+        priority=task.priority,
+        version=task.version,
+        task_data=_task_data(task) if include_task_data else None,
+    )
+
+
+def scheduler_view(state: EkbatanState) -> SchedulerView:
+    status = state.registry.status()
+    config = state.registry.config
+    return SchedulerView(
+        name=status.name,
+        started_at=status.started_at,
+        ready=status.ready,
+        stopping=status.stopping,
+        database_reachable=status.database_reachable,
+        last_error=redact(status.last_error) if status.last_error else None,
+        last_successful_poll=status.last_successful_poll,
+        polling_strategy=status.polling_strategy,
+        batch_size=status.batch_size,
+        loop_restarts=status.loop_restarts,
+        loop_lag_events=status.loop_lag_events,
+        max_loop_lag_seconds=status.max_loop_lag,
+        last_loop_lag_at=status.last_loop_lag_at,
+        polling_interval=format_iso_duration(config.polling_interval),
+        heartbeat_interval=format_iso_duration(config.heartbeat_interval),
+        dead_after=format_iso_duration(config.dead_after),
+        jobs=sorted(state.registry.jobs),
+        running=[
+            ExecutionView(
+                task_name=e.task_name,
+                task_instance=e.task_instance,
+                execution_time=e.execution_time,
+                started=e.started,
+                version=e.version,
+                fraction_dead=e.fraction_dead,
+                failed_heartbeats=e.failed_heartbeats,
+            )
+            for e in status.running
+        ],
+    )
+
+
+async def build_report(
+    state: EkbatanState,
+    *,
+    name: str | None = None,
+    limit: int = 1000,
+    offset: int = 0,
+    include_task_data: bool = False,
+    timeout: float = 5.0,
+) -> JobsReport:
+    """Read the table (all rows, or those of ``name``), the pauses and the live instances,
+    and judge the cluster's health. Missing operations tables only add a warning."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    now: datetime | None = None
+    tasks: list[TaskView] = []
+    pauses: dict[str, PauseInfo] = {}
+    instances: list[InstanceInfo] = []
+    try:
+        async with asyncio.timeout(timeout):
+            rows = await state.client.list(name, limit=limit, offset=offset)
+            pauses = await state.client.paused()
+            try:
+                instances = await state.client.instances()
+            except SchemaMissingError as error:
+                warnings.append(str(error))
+            # The clock last: every timestamp read above is then at or before it (a heartbeat
+            # written between a clock read first and the rows showed a negative age).
+            now = await state.client.database_time()
+    except TimeoutError:
+        problems.append(f"database unreachable: no answer within {timeout:g}s")
+    except SchemaMissingError as error:
+        problems.append(str(error))
+    except Exception as error:  # a probe answers 503 with the reason rather than 500
+        problems.append(f"{describe_failure(error)}")
+    else:
+        tasks = [
+            task_view(
+                t,
+                now,
+                state,
+                include_task_data=include_task_data,
+                pause=pauses.get(t.task_name),
+            )
+            for t in rows
+        ]
+    for task in tasks:
+        if task.state == "dead":
+            problems.append(
+                f"{task.name}/{task.instance} is dead: picked by {task.picked_by}, last "
+                f"heartbeat {_age(task.heartbeat_age_seconds)}; it will be revived and run again"
+            )
+    scheduler = scheduler_view(state)
+    return JobsReport(
+        healthy=not problems,
+        problems=problems,
+        database_time=now,
+        scheduler=scheduler,
+        tasks=tasks,
+        paused=[pause_view(p) for n, p in sorted(pauses.items()) if name is None or n == name],
+        instances=[instance_view(i, now, scheduler.name) for i in instances],
+        warnings=warnings,
+    )
+
+
+def _age(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.1f}s ago"
