@@ -1,4 +1,4 @@
-"""``JobRegistry``: the builder facade over one scheduler (the seed's "Wiring without DI")."""
+"""``JobRegistry``: the builder facade over one scheduler (Ekbatan's "wiring without DI")."""
 
 from __future__ import annotations
 

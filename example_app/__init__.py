@@ -1,6 +1,6 @@
 """The ekbatan-fastapi example: ``python -m example_app [--port 8001]``.
 
-Runs the seed's ``DailyReportJob`` and ``HourlyCleanupJob`` (their services come from
+Runs Ekbatan's example ``DailyReportJob`` and ``HourlyCleanupJob`` (their services come from
 FastAPI-style providers) and a demo job every few seconds that records which instance ran
 each slot. Start a second instance on another port: both share one database, and each slot
 runs on one of them. See docs/fastapi.md.

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @distributed_job
 class DailyReportJob(DistributedJob):
-    """The seed's job: once a day at 02:00 UTC, on one instance of the cluster."""
+    """Ekbatan's example job: once a day at 02:00 UTC, on one instance of the cluster."""
 
     def __init__(
         self, report_service: Annotated[ReportService, Depends(get_report_service)]

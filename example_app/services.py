@@ -111,7 +111,7 @@ class DemoLedger:
 
 
 class ReportService:
-    """The seed's ReportService: here it summarizes the last day of demo runs."""
+    """The example's ReportService: here it summarizes the last day of demo runs."""
 
     def __init__(self, ledger: DemoLedger) -> None:
         self.ledger = ledger

@@ -32,7 +32,7 @@ async def test_start_returns_promptly_while_the_database_is_unreachable_then_wor
     any_database: Database,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The seed's failure story: the dialect comes from the URL, not from a first connection,
+    """The unreachable-database story: the dialect comes from the URL, not from a first connection,
     so the SQL is right once the database appears (no generic SQL pinned while it was away)."""
     proxy = TcpProxy(any_database.url)
     job = RecordingJob("tick", Schedules.fixed_delay(timedelta(milliseconds=50)))
@@ -80,7 +80,7 @@ async def test_missing_table_says_how_to_create_it_and_recovers(
 
 
 class LoopingJob(RecordingJob):
-    """Loops until released, watching its heartbeat state like the seed's invoice loop."""
+    """Loops until released, watching its heartbeat state like a long invoice loop would."""
 
     def __init__(self) -> None:
         super().__init__("looping", Schedules.fixed_delay(timedelta(hours=1)))

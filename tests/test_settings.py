@@ -24,7 +24,7 @@ def with_jobs_slot(slot: dict[str, object], slot_name: str = "jobs-config") -> E
     return EkbatanSettings(sharding={"groups": [{"members": [{"configs": {slot_name: slot}}]}]})
 
 
-def test_defaults_are_the_seeds() -> None:
+def test_defaults_are_ekbatans() -> None:
     jobs = EkbatanSettings().jobs
     assert jobs.polling_interval == timedelta(seconds=10)
     assert jobs.heartbeat_interval == timedelta(seconds=10)

@@ -19,7 +19,10 @@ from .lifespan import (
     ekbatan_lifespan,
 )
 from .metrics_routes import create_metrics_router, metrics_router
-from .models import (
+from .resolver import DependencyResolver
+from .routes import create_jobs_router, jobs_router
+from .state import STATE_KEY, EkbatanState
+from .views import (
     ExecutionView,
     HistoryPage,
     HistoryRecord,
@@ -33,9 +36,6 @@ from .models import (
     TaskState,
     TaskView,
 )
-from .resolver import DependencyResolver
-from .routes import create_jobs_router, jobs_router
-from .state import STATE_KEY, EkbatanState
 
 __all__ = [
     "STATE_KEY",

@@ -15,8 +15,8 @@ from pydantic import BaseModel, Field
 
 from ..domain.job import RECURRING_INSTANCE
 from .http_errors import check_names, translated_errors
-from .models import PauseResult, ResumeResult, RunNowResult
 from .route_params import Instance, Name, State
+from .views import PauseResult, ResumeResult, RunNowResult
 
 __all__ = ["ADMIN_CHECK_PATH", "add_admin_routes"]
 

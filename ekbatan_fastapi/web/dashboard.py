@@ -29,10 +29,10 @@ from ..domain.records import Outcome
 from ..domain.version import VERSION
 from .admin import ADMIN_CHECK_PATH
 from .dashboard_html import DashboardView, render_dashboard
-from .models import HistoryRecord, JobsReport
 from .report import build_report, describe_failure, history_record
 from .route_params import State
 from .state import EkbatanState
+from .views import HistoryRecord, JobsReport
 
 __all__ = ["AdminCheck", "add_dashboard_route", "check_admin"]
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from html import escape
 
 from .assets import SCRIPT, STYLE
-from .models import HistoryRecord, InstanceView, JobsReport, PauseView, SchedulerView, TaskView
+from .views import HistoryRecord, InstanceView, JobsReport, PauseView, SchedulerView, TaskView
 
 __all__ = ["DashboardView", "relative_time", "render_dashboard"]
 

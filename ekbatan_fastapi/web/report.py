@@ -19,7 +19,8 @@ from ..domain.job import DistributedJob, OneTimeJob
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
 from ..domain.tasks import ScheduledTask, derive_state, heartbeat_age, overdue_after
 from ..domain.text import redact
-from .models import (
+from .state import EkbatanState
+from .views import (
     ExecutionView,
     HistoryRecord,
     InstanceView,
@@ -28,7 +29,6 @@ from .models import (
     SchedulerView,
     TaskView,
 )
-from .state import EkbatanState
 
 __all__ = [
     "build_report",

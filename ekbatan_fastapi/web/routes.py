@@ -19,9 +19,9 @@ from fastapi import APIRouter, Depends, HTTPException, Response, params
 from .admin import add_admin_routes
 from .dashboard import add_dashboard_route
 from .http_errors import check_names, translated_errors
-from .models import HistoryPage, JobsReport
 from .report import build_report, history_record
 from .route_params import BeforeId, HistoryLimit, Limit, Name, Offset, State
+from .views import HistoryPage, JobsReport
 
 __all__ = ["create_jobs_router", "jobs_router"]
 
