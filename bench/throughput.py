@@ -98,6 +98,9 @@ class BenchOptions:
     history: bool = True
     """Record every execution in the history table (the library's default); ``--no-history``
     turns it off, to measure what it costs."""
+    transactional: bool = False
+    """Complete each execution through ``ctx.transaction()`` (one transaction per execution
+    with its completion and history), instead of the batched completion."""
     """Before each run, wait up to this many seconds for the machine to be quiet (CPU busy
     at most ``_QUIET``); the busy fraction seen is reported with the run either way."""
 
@@ -634,6 +637,8 @@ async def _spawn(
         args += ["--polling-interval", repr(options.polling_interval)]
     if not options.history:
         args.append("--no-history")
+    if options.transactional:
+        args.append("--transactional")
     if options.cprofile_dir is not None:
         options.cprofile_dir.mkdir(parents=True, exist_ok=True)
         args += ["--cprofile", str(options.cprofile_dir / f"{run_dir.name}-worker-{index}.pstats")]
@@ -773,6 +778,9 @@ async def run_benchmark(
                 await probe.dispose()
             info.update(environment())
             info["history"] = "on" if options.history else "off"
+            info["completion"] = (
+                "ctx.transaction() per execution" if options.transactional else "batched"
+            )
             results: list[RunResult] = []
             for repeat in range(1, options.repeat + 1):
                 for strategy in options.strategies:
@@ -915,6 +923,11 @@ async def _worker(args: argparse.Namespace) -> int:
 
         async def execute(self, ctx: ExecutionContext) -> None:
             self.instances.append(ctx.task_instance)
+            if args.transactional:
+                async with ctx.transaction():
+                    pass  # no effects: only the completion and the history, committed
+                stats.recorded += 1
+                stats.last_finish = time.monotonic()
 
     def customize(b: SchedulerBuilder) -> None:
         b.polling_strategy(args.strategy)
@@ -1025,6 +1038,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="turn the execution history off (on by default, as in the library)",
     )
     p.add_argument(
+        "--transactional",
+        action="store_true",
+        help="complete each execution through ctx.transaction() (one transaction each)",
+    )
+    p.add_argument(
         "--max-foreign",
         type=float,
         default=None,
@@ -1080,6 +1098,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_foreign=args.max_foreign,
         retries=args.retries,
         history=not args.no_history,
+        transactional=args.transactional,
     )
     if args.url:
         check_local(args.url)

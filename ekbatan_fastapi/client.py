@@ -30,6 +30,7 @@ from .domain.schedules import Schedule
 from .domain.tasks import ScheduledTask, paused_message, slot_after_missed
 from .domain.text import MAX_NAME_LENGTH, is_storable_text, validate_name
 from .store.dialects import Store
+from .store.external import Caller
 
 __all__ = [
     "MAX_NAME_LENGTH",
@@ -114,16 +115,37 @@ class SchedulerClient:
             f"{', '.join(known) or '(none)'}"
         )
 
-    async def _woken(self, at: datetime | None, *, notify: bool) -> None:
-        """Something is due at ``at`` (None: now): wake the local poller, and (``notify``)
-        every listening instance."""
+    def _wake_local(self, at: datetime | None) -> None:
         if self._scheduler is not None:
             if at is None:
                 self._scheduler.request_poll()
             else:
                 self._scheduler.note_due(at)
+
+    async def _woken(self, at: datetime | None, *, notify: bool) -> None:
+        """Something is due at ``at`` (None: now): wake the local poller, and (``notify``)
+        every listening instance."""
+        self._wake_local(at)
         if notify and self._tasks.supports_notify:
             await self._tasks.notify(at)
+
+    def _caller(self, connection: Any) -> Caller:
+        db = self._store.db
+        return Caller(connection, db.engine, what="connection=", translate=db.translate)
+
+    async def _woken_after_commit(
+        self, caller: Caller, at: datetime | None, *, notify: bool
+    ) -> None:
+        """Work written in the caller's transaction: nobody may claim it before the commit.
+        PostgreSQL's NOTIFY (sent inside the transaction) is delivered at commit, to this
+        instance's listener too. Without it the local poller is woken once the session
+        commits (SQLAlchemy's ``after_commit``); a plain connection has no after-commit
+        event, so the poller then finds the work at its due time or next poll."""
+        if notify and self._tasks.supports_notify:
+            await self._tasks.notify_on(caller, at)
+            return
+        if not caller.after_commit(lambda: self._wake_local(at)) and at is not None:
+            self._wake_local(at)
 
     async def schedule(
         self,
@@ -134,11 +156,14 @@ class SchedulerClient:
         *,
         replace: bool = False,
         priority: int | None = None,
+        connection: Any = None,
     ) -> bool:
         """Schedule instance ``instance_id`` of one-time job ``job_name`` at ``at`` (None: now).
 
         An existing instance is left alone (returns False) unless ``replace`` is true, which
         moves it and replaces its data; a running instance cannot be replaced.
+        ``connection`` (an ``AsyncConnection`` or ``AsyncSession`` on the jobs database):
+        write it inside that transaction; it runs only if and after the transaction commits.
         """
         job = self._one_time_job(job_name)
         validate_name(instance_id, "instance id")
@@ -151,10 +176,17 @@ class SchedulerClient:
             encode_data(data, where=where),
             job.priority() if priority is None else priority,
         )
-        written = await self._tasks.upsert(task, replace=replace)
+        if connection is not None:
+            caller = self._caller(connection)
+            written = await self._tasks.upsert_on(caller, task, replace=replace)
+        else:
+            written = await self._tasks.upsert(task, replace=replace)
         if not written and replace:
             raise TaskPickedError(f"{where} is running right now; it cannot be replaced")
-        if written:
+        if written and connection is not None:
+            # the upsert's own NOTIFY is delivered at commit (PostgreSQL)
+            await self._woken_after_commit(caller, at, notify=False)
+        elif written:
             await self._woken(at, notify=False)  # the upsert notified the cluster itself
         return written
 
@@ -162,10 +194,12 @@ class SchedulerClient:
         self,
         job_name: str,
         instances: Iterable[tuple[str, datetime | None, Any]],
+        *,
+        connection: Any = None,
     ) -> int:
         """Schedule many instances of one job in one statement: ``(instance_id, at, data)``
         tuples (``at`` None: now). Existing instances are left alone; returns how many were
-        created."""
+        created. ``connection``: inside that transaction (see ``schedule``)."""
         job = self._one_time_job(job_name)
         tasks: list[NewTask] = []
         earliest: datetime | None = None
@@ -183,8 +217,15 @@ class SchedulerClient:
             )
         if not tasks:
             return 0
+        when = None if due_now else earliest
+        if connection is not None:
+            caller = self._caller(connection)
+            created = await self._tasks.insert_missing_on(caller, tasks)
+            if created:
+                await self._woken_after_commit(caller, when, notify=True)
+            return created
         created = len(await self._tasks.insert_missing(tasks))
-        await self._woken(None if due_now else earliest, notify=created > 0)
+        await self._woken(when, notify=created > 0)
         return created
 
     async def reschedule(
@@ -193,19 +234,28 @@ class SchedulerClient:
         instance_id: str,
         at: datetime | None = None,
         data: Any = _UNSET,
+        *,
+        connection: Any = None,
     ) -> None:
-        """Move an instance (recurring: ``instance_id='recurring'``) to ``at`` (None: now)."""
+        """Move an instance (recurring: ``instance_id='recurring'``) to ``at`` (None: now).
+        ``connection``: inside that transaction (see ``schedule``)."""
         validate_name(job_name, "job name")
         validate_name(instance_id, "instance id")
         at = _aware(at, "at")
         where = f"{job_name}/{instance_id}"
         replace_data = data is not _UNSET
+        task_data = encode_data(data, where=where) if replace_data else None
+        if connection is not None:
+            caller = self._caller(connection)
+            ok = await self._tasks.reschedule_on(
+                caller, job_name, instance_id, at, task_data=task_data, replace_data=replace_data
+            )
+            if not ok:
+                await self._explain_failure(job_name, instance_id, "rescheduled")
+            await self._woken_after_commit(caller, at, notify=True)
+            return
         ok = await self._tasks.reschedule(
-            job_name,
-            instance_id,
-            at,
-            task_data=encode_data(data, where=where) if replace_data else None,
-            replace_data=replace_data,
+            job_name, instance_id, at, task_data=task_data, replace_data=replace_data
         )
         if not ok:
             await self._explain_failure(job_name, instance_id, "rescheduled")

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 from .codec import decode_data
+from .errors import ConfigurationError
 
-__all__ = ["ExecutionContext", "HeartbeatState"]
+__all__ = ["ExecutionContext", "HeartbeatState", "TransactionOpener"]
+
+
+class TransactionOpener(Protocol):
+    """Opens the transaction in which an execution's effects commit with its completion
+    (the engine's ``SlotTransaction``)."""
+
+    def __call__(self, target: Any = None) -> AbstractAsyncContextManager[Any]: ...
 
 
 def _never() -> bool:
@@ -87,6 +96,8 @@ class ExecutionContext:
     heartbeat_state: HeartbeatState
     consecutive_failures: int
     shutting_down: Callable[[], bool] = field(default=_never, repr=False)
+    transactions: TransactionOpener | None = field(default=None, repr=False)
+    """What ``transaction()`` opens: set by the scheduler (None: no database at hand)."""
 
     @cached_property
     def data(self) -> Any:
@@ -101,3 +112,35 @@ class ExecutionContext:
     def is_shutting_down(self) -> bool:
         """True once the scheduler began to stop: a long job may wind down early."""
         return self.shutting_down()
+
+    @property
+    def fencing_token(self) -> int:
+        """The version this execution's claim wrote: it grows with every claim of the row, so
+        an external system that remembers the highest token it accepted can refuse the
+        writes of a stale execution (see docs/exactly-once.md)."""
+        return self.version
+
+    @property
+    def idempotency_key(self) -> tuple[str, str, datetime]:
+        """``(task_name, task_instance, execution_time)``: the same in a revived execution of
+        this slot, different for every other slot."""
+        return (self.task_name, self.task_instance, self.execution_time)
+
+    def transaction(self, target: Any = None) -> AbstractAsyncContextManager[Any]:
+        """A transaction whose effects commit together with this slot's completion:
+
+        ``async with ctx.transaction() as conn:`` gives an ``AsyncConnection`` on the jobs
+        database; ``ctx.transaction(session)`` uses the application's own ``AsyncSession``
+        or ``AsyncConnection`` (same database). At the end of the block the slot is completed
+        in the same transaction, guarded by ``version``, and committed; if the execution was
+        superseded meanwhile, nothing commits and ``ExecutionSuperseded`` is raised. An
+        exception inside the block rolls everything back (the execution then fails as usual).
+        Once per execution, in ``async def execute`` only.
+        """
+        if self.transactions is None:
+            raise ConfigurationError(
+                "ctx.transaction() needs the jobs database, and this context has none: run "
+                "the job through the scheduler, or give ekbatan_fastapi.testing.run_job a "
+                "database"
+            )
+        return self.transactions(target)

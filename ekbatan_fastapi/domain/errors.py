@@ -42,3 +42,9 @@ class DatabaseTimeout(EkbatanError, TimeoutError):
 
 class RunNotClaimedError(EkbatanError, TimeoutError):
     """A forced run of a paused task was not claimed by any instance in time."""
+
+
+class ExecutionSuperseded(EkbatanError):
+    """The execution lost its slot: the row was revived (and maybe run and completed) by
+    another instance meanwhile, so this execution's ``ctx.transaction()`` was rolled back and
+    nothing of it committed. Raised from the block; the history records it as superseded."""

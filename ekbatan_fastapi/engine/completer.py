@@ -92,6 +92,15 @@ class Completer:
         self.pending.append((finish, execution))
         self._ready.set()
 
+    def settled(self, finish: Finish, execution: Execution) -> None:
+        """A result ``ctx.transaction()`` committed with the effects: nothing to write, only
+        what follows a recorded result (no I/O)."""
+        execution.recording = True
+        self._after_write(finish, execution, True, ambiguous=False)
+        if not execution.history_written:
+            self.history.record(execution, finish, True)
+        self.running.recorded()
+
     def close(self) -> None:
         """Let ``run`` return once everything pending is written (at shutdown)."""
         self.closed = True
@@ -182,23 +191,30 @@ class Completer:
         completion did not write it), tell the observers, and plan the next slots."""
         for finish, execution in batch.items:
             key = execution.row.key
-            self.running.forget(execution)
             ok = key in recorded and finish.owned.version == batch.newest[key]
             if not batch.history_inline:
                 self.history.record(execution, finish, ok)
-            if self.observer.active:
-                self.observer.execution_finished(finished_event(execution, finish, ok))
-            if not ok:
-                log.warning(
-                    "%s (slot %s) finished, but its row was revived by another instance "
-                    "meanwhile: result not recorded%s",
-                    execution.label,
-                    execution.row.execution_time.isoformat(),
-                    " (or recorded by an earlier attempt of this write whose answer was "
-                    "lost to the database error)"
-                    if ambiguous
-                    else "",
-                    extra=log_extra(execution.row, self.name),
-                )
-            elif finish.next_time is not None and finish.owned.task_instance == RECURRING_INSTANCE:
-                self.alarm.note_due(finish.next_time)
+            self._after_write(finish, execution, ok, ambiguous=ambiguous)
+
+    def _after_write(
+        self, finish: Finish, execution: Execution, ok: bool, *, ambiguous: bool
+    ) -> None:
+        """One result written (``ok``) or found superseded: forget the execution, tell the
+        observers, plan the recurring row's next slot."""
+        self.running.forget(execution)
+        if self.observer.active:
+            self.observer.execution_finished(finished_event(execution, finish, ok))
+        if not ok:
+            log.warning(
+                "%s (slot %s) finished, but its row was revived by another instance "
+                "meanwhile: result not recorded%s",
+                execution.label,
+                execution.row.execution_time.isoformat(),
+                " (or recorded by an earlier attempt of this write whose answer was "
+                "lost to the database error)"
+                if ambiguous
+                else "",
+                extra=log_extra(execution.row, self.name),
+            )
+        elif finish.next_time is not None and finish.owned.task_instance == RECURRING_INSTANCE:
+            self.alarm.note_due(finish.next_time)

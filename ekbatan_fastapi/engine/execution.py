@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from ..domain.context import ExecutionContext, HeartbeatState
+from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.job import DistributedJob, Job, OneTimeJob
 from ..domain.records import ExecutionRecord, outcome_of
 from ..domain.rows import Finish, FinishKind, Owned, TaskRow
@@ -42,6 +42,10 @@ class Execution:
     finished_at: datetime | None = None
     duration: float = 0.0
     """Seconds ``execute`` ran (monotonic clock), set when it returns."""
+    settled: Finish | None = None
+    """The result ``ctx.transaction()`` committed with the effects (nothing left to write)."""
+    history_written: bool = False
+    """Its history record was committed by ``ctx.transaction()``."""
 
     @property
     def owned(self) -> Owned:
@@ -51,7 +55,9 @@ class Execution:
     def label(self) -> str:
         return f"{self.row.task_name}/{self.row.task_instance}"
 
-    def context(self, shutting_down: Callable[[], bool]) -> ExecutionContext:
+    def context(
+        self, shutting_down: Callable[[], bool], transactions: TransactionOpener | None = None
+    ) -> ExecutionContext:
         """The context handed to ``execute``."""
         row = self.row
         return ExecutionContext(
@@ -64,6 +70,7 @@ class Execution:
             heartbeat_state=self.heartbeat,
             consecutive_failures=row.consecutive_failures or 0,
             shutting_down=shutting_down,
+            transactions=transactions,
         )
 
     def record(self, finish: Finish, recorded: bool = True) -> ExecutionRecord:

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from ..domain.context import HeartbeatState
+from ..domain.context import HeartbeatState, TransactionOpener
+from ..domain.errors import ExecutionSuperseded
 from ..domain.job import Job
 from ..domain.rows import Finish, TaskRow
 from ..domain.schedules import Schedule
@@ -46,6 +47,8 @@ class Executor:
         running: RunningExecutions,
         observer: ObserverDispatch,
         submit: Callable[[Finish, Execution], None],
+        settled: Callable[[Finish, Execution], None],
+        transactions: Callable[[Execution], TransactionOpener] | None = None,
     ) -> None:
         self.name = name
         self.jobs = jobs
@@ -57,6 +60,10 @@ class Executor:
         self.observer = observer
         self.submit = submit
         """Hands a result to the completer (no wait: the completer reports what it wrote)."""
+        self.settled = settled
+        """Reports a result ``ctx.transaction()`` already committed."""
+        self.transactions = transactions
+        """Builds an execution's ``ctx.transaction()`` (None: without a database)."""
         self._is_async = {name: job.is_async for name, job in jobs.items()}
         self._threads: ThreadPoolExecutor | None = None
 
@@ -89,16 +96,12 @@ class Executor:
             error, cancelled = await self._call_job(execution)
         finally:
             self.running.returned()
-        if error is not None:
-            log.error(
-                "%s (slot %s) failed",
-                execution.label,
-                execution.row.execution_time.isoformat(),
-                exc_info=error,
-                extra=self._extra(execution.row),
-            )
-        execution.error = error
         execution.duration = self.config.clock.monotonic() - began
+        if execution.settled is not None:
+            self._after_commit(execution, error)
+            return
+        self._log_failure(execution, error)
+        execution.error = error
         execution.finished_at = self.link.now()
         finish = execution.finish(
             execution.finished_at,
@@ -108,9 +111,35 @@ class Executor:
         )
         self.submit(finish, execution)
 
+    def _after_commit(self, execution: Execution, error: BaseException | None) -> None:
+        """The job's ``ctx.transaction()`` committed its slot: report it as recorded."""
+        if error is not None:
+            log.error(
+                "%s raised after its ctx.transaction() committed; the slot stays completed "
+                "(put what can fail inside the block, or before it)",
+                execution.label,
+                exc_info=error,
+                extra=self._extra(execution.row),
+            )
+        assert execution.settled is not None
+        self.settled(execution.settled, execution)
+
+    def _log_failure(self, execution: Execution, error: BaseException | None) -> None:
+        if isinstance(error, ExecutionSuperseded):
+            log.warning("%s", error, extra=self._extra(execution.row))
+        elif error is not None:
+            log.error(
+                "%s (slot %s) failed",
+                execution.label,
+                execution.row.execution_time.isoformat(),
+                exc_info=error,
+                extra=self._extra(execution.row),
+            )
+
     async def _call_job(self, execution: Execution) -> tuple[BaseException | None, bool]:
         """Run the job: (the exception it raised, whether it was cancelled at shutdown)."""
-        ctx = execution.context(lambda: self.state.stopping)
+        opener = self.transactions(execution) if self.transactions is not None else None
+        ctx = execution.context(lambda: self.state.stopping, opener)
         try:
             if self._is_async[execution.row.task_name]:
                 await execution.job.execute(ctx)  # type: ignore[misc]

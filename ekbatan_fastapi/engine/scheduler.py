@@ -46,6 +46,7 @@ from .poller import Poller
 from .running import RunningExecutions, RunState
 from .startup import Startup
 from .status import ExecutionStatus, SchedulerStatus
+from .transaction import SlotTransaction
 
 if TYPE_CHECKING:
     from ..store.dialects import Store
@@ -134,6 +135,8 @@ class Scheduler:
             running=self.executions,
             observer=self.observer,
             submit=self.completer.submit,
+            settled=self.completer.settled,
+            transactions=self._transaction_for,
             config=config,
             link=self.link,
             state=self.state,
@@ -178,6 +181,16 @@ class Scheduler:
         )
         self.listener = Listener(
             tasks=store.tasks, config=config, link=self.link, alarm=self.alarm, state=self.state
+        )
+
+    def _transaction_for(self, execution: Execution) -> SlotTransaction:
+        return SlotTransaction(
+            execution,
+            tasks=self.store.tasks,
+            operations=self.store.operations,
+            history=self.recorder,
+            config=self.config,
+            link=self.link,
         )
 
     # -- what other layers read and call ---------------------------------------------------

@@ -24,7 +24,7 @@ from ..domain.errors import DatabaseTimeout, SchemaMissingError
 from .lease import Lease, discard_connection
 from .tables import Tables, quote_table
 
-__all__ = ["DEFAULT_STATEMENT_TIMEOUT", "Database", "aware"]
+__all__ = ["DEFAULT_STATEMENT_TIMEOUT", "Database", "aware", "is_autocommit"]
 
 DEFAULT_STATEMENT_TIMEOUT = 30.0
 
@@ -34,6 +34,13 @@ def aware(value: datetime | None) -> datetime | None:
     if value is None or value.tzinfo is not None:
         return value
     return value.replace(tzinfo=UTC)
+
+
+def is_autocommit(engine: AsyncEngine) -> bool:
+    """The engine's connections commit every statement by themselves."""
+    configured = engine.get_execution_options().get("isolation_level")
+    on_connect = getattr(engine.dialect, "_on_connect_isolation_level", None)
+    return "AUTOCOMMIT" in (configured, on_connect)
 
 
 class Database(abc.ABC):
@@ -52,8 +59,13 @@ class Database(abc.ABC):
         statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         self.tables = tables
-        self.tx_engine = engine
-        """For the statements that need a transaction of their own."""
+        self.tx_engine = (
+            engine.execution_options(isolation_level="READ COMMITTED")
+            if is_autocommit(engine)
+            else engine
+        )
+        """For the statements that need a transaction of their own (real BEGIN ... COMMIT,
+        also when the application handed over an ``AUTOCOMMIT`` engine)."""
         self.engine = self.configure(engine)
         """The engine single statements run on."""
         self.statement_timeout = statement_timeout
@@ -80,6 +92,17 @@ class Database(abc.ABC):
     @abc.abstractmethod
     def upsert(self, table: Table, values: dict[str, Any], update: dict[str, Any]) -> Executable:
         """Insert ``values`` into ``table``; on a primary-key conflict set ``update`` instead."""
+
+    @abc.abstractmethod
+    def commit_guard(self, seconds: float) -> list[Executable]:
+        """Statements that make the server end the current transaction if its client goes
+        silent for ``seconds`` before committing (a process stopped while it holds a row
+        lock), so the lock cannot outlive the dead window."""
+
+    def commit_guard_reset(self) -> list[Executable]:
+        """Statements that undo ``commit_guard`` after the commit (where it outlives the
+        transaction)."""
+        return []
 
     # -- errors -----------------------------------------------------------------------------
 

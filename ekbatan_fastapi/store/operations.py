@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
 from .database import Database, aware
+from .external import Caller
 
 __all__ = ["OperationsStore"]
 
@@ -79,7 +80,17 @@ class OperationsStore:
         with the completion)."""
         if not records:
             return
-        rows = [
+        await self.db.rowcount(insert(self.tables.history), self._history_rows(records))
+
+    async def insert_history_on(self, caller: Caller, records: Sequence[ExecutionRecord]) -> None:
+        """Insert records inside the caller's transaction (``ctx.transaction()``: the history
+        commits with the effects and the completion)."""
+        if records:
+            await caller.execute(insert(self.tables.history), self._history_rows(records))
+
+    @staticmethod
+    def _history_rows(records: Sequence[ExecutionRecord]) -> list[dict[str, Any]]:
+        return [
             {
                 "task_name": r.task_name,
                 "task_instance": r.task_instance,
@@ -93,7 +104,6 @@ class OperationsStore:
             }
             for r in records
         ]
-        await self.db.rowcount(insert(self.tables.history), rows)
 
     async def history(
         self, task_name: str | None, *, limit: int = 50, before_id: int | None = None

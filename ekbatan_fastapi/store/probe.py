@@ -45,6 +45,11 @@ class StoreProbe:
     def revived(self, rows: Sequence[TaskRow]) -> None:
         """Dead executions were revived (the rows as they were, ``picked_by`` the old owner)."""
 
+    def transaction_completing(self, finish: Finish) -> None:
+        """``ctx.transaction()`` wrote this slot's completion and is about to commit (the
+        row is locked by the transaction until then). The chaos harness stops a process
+        here."""
+
 
 class _Probes:
     """The registered probes; ``active`` is false when there are none (callers skip)."""
@@ -82,6 +87,10 @@ class _Probes:
     def revived(self, rows: Sequence[TaskRow]) -> None:
         for probe in self._probes:
             probe.revived(rows)
+
+    def transaction_completing(self, finish: Finish) -> None:
+        for probe in self._probes:
+            probe.transaction_completing(finish)
 
 
 probes = _Probes()

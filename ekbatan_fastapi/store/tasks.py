@@ -21,11 +21,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, delete, select, update
+from sqlalchemy import Row, delete, func, select, tuple_, update
+from sqlalchemy.sql import Executable
 
 from ..domain.records import ExecutionRecord
 from ..domain.rows import (
     Finish,
+    FinishKind,
     NewTask,
     Owned,
     PollingStrategy,
@@ -35,10 +37,14 @@ from ..domain.rows import (
     TaskRow,
 )
 from .database import Database, aware
+from .external import Caller
 from .lease import Lease
 from .probe import probes
 
 __all__ = ["HistoryTableMissing", "HistoryUnwritable", "TaskStore"]
+
+_UNRESOLVED_BATCH = 1000
+"""Unresolved rows deleted per statement."""
 
 
 class HistoryUnwritable(Exception):
@@ -132,6 +138,19 @@ class TaskStore(abc.ABC):
         """Move an unpicked row to ``execution_time`` (None: the database's now), bumping
         ``version``. Counters are kept. False when the row is absent, picked, or (with
         ``expected_version``) changed since it was read: nothing was written."""
+        stmt = self._reschedule(task_name, task_instance, execution_time, task_data, replace_data)
+        if expected_version is not None:
+            stmt = stmt.where(self.table.c.version == expected_version)
+        return await self.db.rowcount(stmt) == 1
+
+    def _reschedule(
+        self,
+        task_name: str,
+        task_instance: str,
+        execution_time: datetime | None,
+        task_data: bytes | None,
+        replace_data: bool,
+    ) -> Any:
         t = self.table
         values: dict[str, Any] = {
             "execution_time": (
@@ -141,7 +160,7 @@ class TaskStore(abc.ABC):
         }
         if replace_data:
             values["task_data"] = task_data
-        stmt = (
+        return (
             update(t)
             .where(
                 t.c.task_name == task_name,
@@ -150,9 +169,6 @@ class TaskStore(abc.ABC):
             )
             .values(values)
         )
-        if expected_version is not None:
-            stmt = stmt.where(t.c.version == expected_version)
-        return await self.db.rowcount(stmt) == 1
 
     async def delete_unpicked(self, task_name: str, task_instance: str) -> bool:
         """Delete a row unless it is running. False when absent or picked."""
@@ -194,22 +210,100 @@ class TaskStore(abc.ABC):
 
     async def delete_unresolved(self, known_names: Sequence[str], older_than: timedelta) -> int:
         """Delete unpicked rows of task names this instance does not know, overdue by more
-        than ``older_than`` (measured on the database clock from ``execution_time``)."""
+        than ``older_than`` (measured on the database clock from ``execution_time``).
+
+        A plain read finds them, then a delete by primary key (with the same guards) removes
+        them: a scanning ``DELETE`` would wait for every row another transaction holds locked
+        (InnoDB locks what it scans), and the housekeeper with it."""
         t = self.table
         cutoff = (await self.db_now()) - older_than
-        stmt = delete(t).where(
-            t.c.task_name.not_in(list(known_names)),
-            t.c.picked.is_(False),
-            t.c.execution_time < cutoff,
+        guards = (t.c.picked.is_(False), t.c.execution_time < cutoff)
+        deleted = 0
+        while True:
+            found = await self.db.rows(
+                select(t.c.task_name, t.c.task_instance)
+                .where(t.c.task_name.not_in(list(known_names)), *guards)
+                .limit(_UNRESOLVED_BATCH)
+            )
+            if not found:
+                return deleted
+            keys = [(r[0], r[1]) for r in found]
+            key = tuple_(t.c.task_name, t.c.task_instance)
+            deleted += await self.db.rowcount(delete(t).where(key.in_(keys), *guards))
+            if len(found) < _UNRESOLVED_BATCH:
+                return deleted
+
+    # -- inside the caller's transaction ----------------------------------------------------
+
+    def completion(self, finish: Finish) -> Executable:
+        """The version-guarded write that records one result (what ``finish`` does for a
+        batch), as one portable statement."""
+        t = self.table
+        owned = finish.owned
+        where = (
+            t.c.task_name == owned.task_name,
+            t.c.task_instance == owned.task_instance,
+            t.c.version == owned.version,
         )
-        return await self.db.rowcount(stmt)
+        if finish.kind is FinishKind.DELETED:
+            return delete(t).where(*where)
+        now = self.db.now_expr()
+        values: dict[str, Any] = {
+            "picked": False,
+            "picked_by": None,
+            "last_heartbeat": None,
+            "version": t.c.version + 1,
+        }
+        if finish.next_time is not None:
+            values["execution_time"] = finish.next_time
+        if finish.kind is FinishKind.SUCCEEDED:
+            values.update(last_success=now, consecutive_failures=0)
+        elif finish.kind is FinishKind.FAILED:
+            failures = func.coalesce(t.c.consecutive_failures, 0) + 1
+            values.update(last_failure=now, consecutive_failures=failures)
+        return update(t).where(*where).values(values)
+
+    async def finish_on(self, caller: Caller, finish: Finish) -> bool:
+        """Record one result inside the caller's transaction (``ctx.transaction()``). False:
+        the guarded write matched no row (the execution was superseded); nothing written."""
+        return await caller.rowcount(self.completion(finish)) == 1
+
+    async def reschedule_on(
+        self,
+        caller: Caller,
+        task_name: str,
+        task_instance: str,
+        execution_time: datetime | None,
+        *,
+        task_data: bytes | None = None,
+        replace_data: bool = False,
+    ) -> bool:
+        """``reschedule`` inside the caller's transaction."""
+        return (
+            await caller.rowcount(
+                self._reschedule(task_name, task_instance, execution_time, task_data, replace_data)
+            )
+            == 1
+        )
+
+    @abc.abstractmethod
+    async def upsert_on(self, caller: Caller, task: NewTask, *, replace: bool) -> bool:
+        """``upsert`` inside the caller's transaction (it commits or rolls back with it)."""
+
+    @abc.abstractmethod
+    async def insert_missing_on(self, caller: Caller, tasks: Sequence[NewTask]) -> int:
+        """``insert_missing`` inside the caller's transaction; how many rows it inserted."""
+
+    async def notify_on(self, caller: Caller, execution_time: datetime | None) -> None:
+        """``notify`` inside the caller's transaction (sent when it commits)."""
+        return None
 
     # -- the hot path: each dialect's own statements ------------------------------------
 
     @abc.abstractmethod
     async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
         """Insert rows that do not exist yet, race-safely (version 1, unpicked); the keys
-        actually inserted. A task whose ``execution_time`` is None is due at the database's
+        actually inserted, sorted. A task whose ``execution_time`` is None is due at the database's
         now. Existing rows are not touched."""
 
     @abc.abstractmethod

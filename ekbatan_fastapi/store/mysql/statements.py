@@ -10,9 +10,11 @@ from __future__ import annotations
 
 __all__ = [
     "CLOCK",
+    "DEFAULT_LOCK_WAIT",
     "EXPANDING",
     "NOW",
     "READ_COMMITTED",
+    "SHORT_LOCK_WAIT",
     "candidates",
     "claim",
     "clock",
@@ -35,7 +37,10 @@ COLUMNS = (
     "last_failure, consecutive_failures, last_heartbeat, version, priority"
 )
 KEY = "(task_name, task_instance)"
-OWNED = "(task_name, task_instance, version)"
+# The owned rows: the key pairs first, so that the optimizer reads them by the primary key
+# (a three-column row constructor alone can make MariaDB scan the table, and a scanning
+# DELETE or locking read waits for every row another transaction holds).
+OWNED = "(task_name, task_instance) IN :keys AND (task_name, task_instance, version) IN :owned"
 NOW = "UTC_TIMESTAMP(6)"
 CLOCK = f"SELECT {NOW}"
 DEAD = (
@@ -43,6 +48,9 @@ DEAD = (
     f"OR last_heartbeat < {NOW} - INTERVAL :dead_us MICROSECOND)"
 )
 READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+SHORT_LOCK_WAIT = "SET SESSION innodb_lock_wait_timeout = 1"
+"""Where ``SKIP LOCKED`` is missing: a row lock waited for at most a second."""
+DEFAULT_LOCK_WAIT = "SET SESSION innodb_lock_wait_timeout = DEFAULT"
 EXPANDING = ("names", "keys", "owned")
 """The list parameters (``IN :x``); every statement's parameter of these names expands."""
 
@@ -132,13 +140,13 @@ FOR UPDATE
 
 
 def delete_owned(t: str) -> str:
-    return f"DELETE FROM {t} WHERE {OWNED} IN :owned"
+    return f"DELETE FROM {t} WHERE {OWNED}"
 
 
 def release(t: str) -> str:
     return f"""
 UPDATE {t} SET picked = 0, picked_by = NULL, last_heartbeat = NULL, version = version + 1
-WHERE {OWNED} IN :owned
+WHERE {OWNED}
 """
 
 
@@ -154,19 +162,19 @@ def reschedule_owned(t: str, next_time: str, *, failed: bool) -> str:
 UPDATE {t} SET execution_time = COALESCE({next_time}, execution_time),
     picked = 0, picked_by = NULL, last_heartbeat = NULL,
     {counters}, version = version + 1
-WHERE {OWNED} IN :owned
+WHERE {OWNED}
 """
 
 
 def heartbeat(t: str) -> str:
     return f"""
 UPDATE {t} SET last_heartbeat = {NOW}
-WHERE {OWNED} IN :owned AND picked = 1
+WHERE {OWNED} AND picked = 1
 """
 
 
 def still_owned(t: str) -> str:
-    return f"SELECT task_name, task_instance FROM {t} WHERE {OWNED} IN :owned AND picked = 1"
+    return f"SELECT task_name, task_instance FROM {t} WHERE {OWNED} AND picked = 1"
 
 
 def dead_candidates(t: str) -> str:
@@ -185,7 +193,7 @@ WHERE task_name IN :names AND picked = 1
 def lock_dead(t: str, *, skip_locked: bool) -> str:
     return f"""
 SELECT {COLUMNS} FROM {t}
-WHERE {OWNED} IN :owned AND {DEAD}
+WHERE {OWNED} AND {DEAD}
 ORDER BY task_name, task_instance
 FOR UPDATE{" SKIP LOCKED" if skip_locked else ""}
 """

@@ -33,10 +33,11 @@ from ...domain.rows import (
     TaskRow,
 )
 from ..database import aware
+from ..external import Caller
 from ..lease import Lease
 from ..tasks import TaskStore
 from . import statements as q
-from .database import ER_DUP_ENTRY, MySQLDatabase, errno, naive_utc
+from .database import ER_DUP_ENTRY, ER_LOCK_WAIT_TIMEOUT, MySQLDatabase, errno, naive_utc
 
 __all__ = ["MySQL5TaskStore", "MySQLTaskStore"]
 
@@ -47,6 +48,11 @@ _CHUNK = 1000
 class _RowsLost(Exception):
     """A version-guarded write matched fewer rows than it was given (rolls the transaction
     back)."""
+
+
+def _owned(triples: Sequence[tuple[str, str, int]]) -> dict[str, Any]:
+    """The parameters of ``statements.OWNED``: the key pairs and the (key, version) triples."""
+    return {"owned": list(triples), "keys": list(dict.fromkeys((n, i) for n, i, _ in triples))}
 
 
 def _aware(value: datetime | None) -> datetime:
@@ -160,15 +166,19 @@ class MySQLTaskStore(TaskStore):
             "priority": task.priority,
         }
 
-    async def upsert(self, task: NewTask, *, replace: bool) -> bool:
-        """``task.execution_time`` None means the database's now."""
-        params = {
+    @staticmethod
+    def _upsert_params(task: NewTask) -> dict[str, Any]:
+        return {
             "name": task.task_name,
             "instance": task.task_instance,
             "data": task.task_data,
             "time": naive_utc(task.execution_time),
             "priority": task.priority,
         }
+
+    async def upsert(self, task: NewTask, *, replace: bool) -> bool:
+        """``task.execution_time`` None means the database's now."""
+        params = self._upsert_params(task)
         if replace and await self.db.rowcount(self._replace, params) == 1:
             return True
         try:
@@ -179,6 +189,60 @@ class MySQLTaskStore(TaskStore):
                 raise
         # A peer inserted it between our two statements: replace it unless it is picked.
         return replace and await self.db.rowcount(self._replace, params) == 1
+
+    async def upsert_on(self, caller: Caller, task: NewTask, *, replace: bool) -> bool:
+        """As ``upsert``, inside the caller's transaction: a duplicate key only undoes its own
+        statement in InnoDB, so the caller's transaction goes on."""
+        params = self._upsert_params(task)
+        if replace and await caller.rowcount(self._replace, params) == 1:
+            return True
+        try:
+            await caller.execute(insert(self.table).values(self._values(task)))
+            return True
+        except DBAPIError as error:
+            if errno(error) != ER_DUP_ENTRY:
+                raise
+        return replace and await caller.rowcount(self._replace, params) == 1
+
+    async def insert_missing_on(self, caller: Caller, tasks: Sequence[NewTask]) -> int:
+        """Row by row once the caller's transaction lost a race (a duplicate key), since the
+        whole set cannot be retried here."""
+        unique: dict[TaskKey, NewTask] = {}
+        for task in tasks:
+            unique.setdefault((task.task_name, task.task_instance), task)
+        keys = list(unique)
+        existing: set[TaskKey] = set()
+        for start in range(0, len(keys), _CHUNK):
+            result = await caller.execute(self._existing, {"keys": keys[start : start + _CHUNK]})
+            existing.update((r[0], r[1]) for r in result)
+        missing = [key for key in keys if key not in existing]
+        if not missing:
+            return 0
+        now: datetime | None = None
+        if any(unique[key].execution_time is None for key in missing):
+            now = (await caller.execute(select(self.db.now_expr()))).scalar_one()
+        rows = []
+        for key in missing:
+            row = self._values(unique[key])
+            if unique[key].execution_time is None:
+                row["execution_time"] = now
+            rows.append(row)
+        try:
+            await caller.execute(insert(self.table), rows)
+            return len(missing)
+        except DBAPIError as error:
+            if errno(error) != ER_DUP_ENTRY:
+                raise
+        inserted = 0
+        for key in missing:
+            try:
+                await caller.execute(insert(self.table).values(self._values(unique[key])))
+            except DBAPIError as error:
+                if errno(error) != ER_DUP_ENTRY:
+                    raise
+            else:
+                inserted += 1
+        return inserted
 
     # -- the hot path -----------------------------------------------------------------------
 
@@ -309,9 +373,9 @@ class MySQLTaskStore(TaskStore):
     def _finish_statement(
         self, kind: FinishKind, group: list[Finish]
     ) -> tuple[Executable, dict[str, Any]]:
-        params: dict[str, Any] = {
-            "owned": [(i.owned.task_name, i.owned.task_instance, i.owned.version) for i in group]
-        }
+        params = _owned(
+            [(i.owned.task_name, i.owned.task_instance, i.owned.version) for i in group]
+        )
         if kind is FinishKind.DELETED:
             return self._delete, params
         if kind is FinishKind.RELEASED:
@@ -340,10 +404,10 @@ class MySQLTaskStore(TaskStore):
         if not owned:
             return set()
         keys = [(o.task_name, o.task_instance, o.version) for o in owned]
-        if await self.db.rowcount(self._heartbeat, {"owned": keys}) == len(set(keys)):
+        if await self.db.rowcount(self._heartbeat, _owned(keys)) == len(set(keys)):
             return {o.key for o in owned}
         async with self.db.connect() as conn:
-            result = await conn.execute(self._still_owned, {"owned": keys})
+            result = await conn.execute(self._still_owned, _owned(keys))
             return {(r[0], r[1]) for r in result}
 
     async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
@@ -364,17 +428,26 @@ class MySQLTaskStore(TaskStore):
         if not candidates:
             return Revival([], next_death)
 
+        revived = await self._revive_candidates(candidates, dead_us)
+        return Revival(revived, next_death)
+
+    async def _revive_candidates(
+        self, candidates: list[tuple[str, str, int]], dead_us: int
+    ) -> list[TaskRow]:
+        """Lock the candidates in key order (skipping those another transaction holds),
+        check again that they are dead at the version seen, and unpick them."""
+
         async def run(conn: AsyncConnection) -> list[TaskRow]:
             locked = list(
-                await conn.execute(self._lock_dead, {"owned": candidates, "dead_us": dead_us})
+                await conn.execute(self._lock_dead, {**_owned(candidates), "dead_us": dead_us})
             )
             rows = [self.to_row(r) for r in locked]
             if rows:
                 owned = [(r.task_name, r.task_instance, r.version) for r in rows]
-                await conn.execute(self._release, {"owned": owned})
+                await conn.execute(self._release, _owned(owned))
             return rows
 
-        return Revival(await self.db.transaction(run, read_committed=True), next_death)
+        return await self.db.transaction(run, read_committed=True)
 
 
 class MySQL5TaskStore(MySQLTaskStore):
@@ -382,3 +455,49 @@ class MySQL5TaskStore(MySQLTaskStore):
     ``fetch`` strategy only. Reachable only through ``b.dialect("mysql5")``."""
 
     supports_skip_locked = False
+
+    async def _revive_candidates(
+        self, candidates: list[tuple[str, str, int]], dead_us: int
+    ) -> list[TaskRow]:
+        """Without ``SKIP LOCKED`` a row another transaction holds (a stopped process between
+        its ``ctx.transaction()`` completion and its commit) would hold up the whole check
+        for ``innodb_lock_wait_timeout`` (50 s by default), so the lock waits are bounded and
+        a batch that times out is retried row by row, leaving the held rows for later."""
+        try:
+            return await self._bounded(candidates, dead_us)
+        except DBAPIError as error:
+            if errno(error) != ER_LOCK_WAIT_TIMEOUT:
+                raise
+        revived: list[TaskRow] = []
+        for candidate in candidates:
+            try:
+                revived += await self._bounded([candidate], dead_us)
+            except DBAPIError as error:
+                if errno(error) != ER_LOCK_WAIT_TIMEOUT:
+                    raise
+        return revived
+
+    async def _bounded(self, candidates: list[tuple[str, str, int]], dead_us: int) -> list[TaskRow]:
+        async def run(conn: AsyncConnection) -> list[TaskRow]:
+            await conn.execute(self._short_lock_wait)
+            try:
+                locked = list(
+                    await conn.execute(self._lock_dead, {**_owned(candidates), "dead_us": dead_us})
+                )
+                rows = [self.to_row(r) for r in locked]
+                if rows:
+                    owned = [(r.task_name, r.task_instance, r.version) for r in rows]
+                    await conn.execute(self._release, _owned(owned))
+                return rows
+            finally:
+                await conn.execute(self._default_lock_wait)
+
+        return await self.db.transaction(run, read_committed=True)
+
+    @property
+    def _short_lock_wait(self) -> TextClause:
+        return self.db.sql(q.SHORT_LOCK_WAIT)
+
+    @property
+    def _default_lock_wait(self) -> TextClause:
+        return self.db.sql(q.DEFAULT_LOCK_WAIT)

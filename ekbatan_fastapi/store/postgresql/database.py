@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Table
+from sqlalchemy import Table, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import Executable
@@ -43,6 +43,11 @@ class PostgresDatabase(Database):
 
     def is_missing_table(self, error: BaseException) -> bool:
         return sqlstate(error) == UNDEFINED_TABLE
+
+    def commit_guard(self, seconds: float) -> list[Executable]:
+        """``idle_in_transaction_session_timeout`` for this transaction only (``SET LOCAL``)."""
+        milliseconds = max(1, int(seconds * 1000))
+        return [text(f"SET LOCAL idle_in_transaction_session_timeout = {milliseconds}")]
 
     def upsert(self, table: Table, values: dict[str, Any], update: dict[str, Any]) -> Executable:
         """Insert ``values``; on a key conflict set ``update`` instead."""

@@ -296,6 +296,10 @@ LEFT JOIN revived AS r ON true
 
 
 def insert_missing(t: str) -> str:
+    """Insert the rows that do not exist. The ``NOT EXISTS`` reads the committed rows without
+    waiting: ``ON CONFLICT`` alone would wait for a transaction that holds an existing row
+    locked (a stopped process between its ``ctx.transaction()`` completion and its commit),
+    and startup with it; it stays for the race with a peer inserting the same key."""
     return f"""
 INSERT INTO {t} (task_name, task_instance, task_data, execution_time, picked, version, priority)
 SELECT d.task_name, d.task_instance, d.task_data, COALESCE(d.execution_time, now()), false, 1,
@@ -303,6 +307,9 @@ SELECT d.task_name, d.task_instance, d.task_data, COALESCE(d.execution_time, now
 FROM unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:datas AS bytea[]),
             CAST(:times AS timestamptz[]), CAST(:priorities AS smallint[]))
     AS d(task_name, task_instance, task_data, execution_time, priority)
+WHERE NOT EXISTS (
+    SELECT 1 FROM {t} AS e WHERE e.task_name = d.task_name AND e.task_instance = d.task_instance
+)
 ON CONFLICT (task_name, task_instance) DO NOTHING
 RETURNING task_name, task_instance
 """

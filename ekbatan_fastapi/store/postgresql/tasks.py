@@ -26,6 +26,7 @@ from ...domain.rows import (
     TaskKey,
     TaskRow,
 )
+from ..external import Caller
 from ..lease import Lease, discard_connection
 from ..probe import probes
 from ..tasks import HistoryTableMissing, HistoryUnwritable, TaskStore
@@ -143,32 +144,48 @@ class PostgresTaskStore(TaskStore):
     async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
         if not tasks:
             return []
-        rows = await self.db.rows(
-            self._insert_missing,
-            {
-                "names": [t.task_name for t in tasks],
-                "instances": [t.task_instance for t in tasks],
-                "datas": [t.task_data for t in tasks],
-                "times": [t.execution_time for t in tasks],
-                "priorities": [t.priority for t in tasks],
-            },
-        )
-        return [(r[0], r[1]) for r in rows]
+        rows = await self.db.rows(self._insert_missing, self._insert_params(tasks))
+        return sorted((r[0], r[1]) for r in rows)
 
     async def upsert(self, task: NewTask, *, replace: bool) -> bool:
         """``task.execution_time`` None means the database's now."""
-        rows = await self.db.rows(
-            self._upsert[replace],
-            {
-                "name": task.task_name,
-                "instance": task.task_instance,
-                "data": task.task_data,
-                "time": task.execution_time,
-                "priority": task.priority,
-                "channel": self.channel,
-            },
-        )
-        return bool(rows)
+        return bool(await self.db.rows(self._upsert[replace], self._upsert_params(task)))
+
+    def _upsert_params(self, task: NewTask) -> dict[str, Any]:
+        return {
+            "name": task.task_name,
+            "instance": task.task_instance,
+            "data": task.task_data,
+            "time": task.execution_time,
+            "priority": task.priority,
+            "channel": self.channel,
+        }
+
+    @staticmethod
+    def _insert_params(tasks: Sequence[NewTask]) -> dict[str, Any]:
+        return {
+            "names": [t.task_name for t in tasks],
+            "instances": [t.task_instance for t in tasks],
+            "datas": [t.task_data for t in tasks],
+            "times": [t.execution_time for t in tasks],
+            "priorities": [t.priority for t in tasks],
+        }
+
+    async def upsert_on(self, caller: Caller, task: NewTask, *, replace: bool) -> bool:
+        """Its NOTIFY is sent when the caller commits (PostgreSQL's notifications are
+        transactional): listeners never hear of a row that is rolled back."""
+        result = await caller.execute(self._upsert[replace], self._upsert_params(task))
+        return bool(result.fetchall())
+
+    async def insert_missing_on(self, caller: Caller, tasks: Sequence[NewTask]) -> int:
+        if not tasks:
+            return 0
+        result = await caller.execute(self._insert_missing, self._insert_params(tasks))
+        return len(result.fetchall())
+
+    async def notify_on(self, caller: Caller, execution_time: datetime | None) -> None:
+        payload = "" if execution_time is None else str(execution_time.timestamp())
+        await caller.execute(self._notify, {"channel": self.channel, "payload": payload})
 
     async def notify(self, execution_time: datetime | None) -> None:
         payload = "" if execution_time is None else str(execution_time.timestamp())
