@@ -59,6 +59,8 @@ class Database(abc.ABC):
         statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         self.tables = tables
+        self.engine = self.configure(engine)
+        """The engine single statements run on."""
         self.tx_engine = (
             engine.execution_options(isolation_level="READ COMMITTED")
             if is_autocommit(engine)
@@ -66,8 +68,6 @@ class Database(abc.ABC):
         )
         """For the statements that need a transaction of their own (real BEGIN ... COMMIT,
         also when the application handed over an ``AUTOCOMMIT`` engine)."""
-        self.engine = self.configure(engine)
-        """The engine single statements run on."""
         self.statement_timeout = statement_timeout
         """Seconds a statement (with its connection checkout) may take; None: unbounded. A
         connection that died without a reset (a partition, a failover that moved the address)

@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ..domain.errors import ConfigurationError
 from .database import DEFAULT_STATEMENT_TIMEOUT, Database
 from .mysql.database import MariaDBDatabase, MySQL5Database, MySQLDatabase
-from .mysql.tasks import MySQL5TaskStore, MySQLTaskStore
+from .mysql.mysql5 import MySQL5TaskStore
+from .mysql.tasks import MySQLTaskStore
 from .operations import OperationsStore
 from .postgresql.database import PostgresDatabase
 from .postgresql.tasks import PostgresTaskStore

@@ -37,9 +37,9 @@ from ..external import Caller
 from ..lease import Lease
 from ..tasks import TaskStore
 from . import statements as q
-from .database import ER_DUP_ENTRY, ER_LOCK_WAIT_TIMEOUT, MySQLDatabase, errno, naive_utc
+from .database import ER_DUP_ENTRY, MySQLDatabase, errno, naive_utc
 
-__all__ = ["MySQL5TaskStore", "MySQLTaskStore"]
+__all__ = ["MySQLTaskStore", "owned_params"]
 
 _CHUNK = 1000
 """Keys per statement when reading many keys at once."""
@@ -50,7 +50,7 @@ class _RowsLost(Exception):
     back)."""
 
 
-def _owned(triples: Sequence[tuple[str, str, int]]) -> dict[str, Any]:
+def owned_params(triples: Sequence[tuple[str, str, int]]) -> dict[str, Any]:
     """The parameters of ``statements.OWNED``: the key pairs and the (key, version) triples."""
     return {"owned": list(triples), "keys": list(dict.fromkeys((n, i) for n, i, _ in triples))}
 
@@ -373,7 +373,7 @@ class MySQLTaskStore(TaskStore):
     def _finish_statement(
         self, kind: FinishKind, group: list[Finish]
     ) -> tuple[Executable, dict[str, Any]]:
-        params = _owned(
+        params = owned_params(
             [(i.owned.task_name, i.owned.task_instance, i.owned.version) for i in group]
         )
         if kind is FinishKind.DELETED:
@@ -404,10 +404,10 @@ class MySQLTaskStore(TaskStore):
         if not owned:
             return set()
         keys = [(o.task_name, o.task_instance, o.version) for o in owned]
-        if await self.db.rowcount(self._heartbeat, _owned(keys)) == len(set(keys)):
+        if await self.db.rowcount(self._heartbeat, owned_params(keys)) == len(set(keys)):
             return {o.key for o in owned}
         async with self.db.connect() as conn:
-            result = await conn.execute(self._still_owned, _owned(keys))
+            result = await conn.execute(self._still_owned, owned_params(keys))
             return {(r[0], r[1]) for r in result}
 
     async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
@@ -439,65 +439,14 @@ class MySQLTaskStore(TaskStore):
 
         async def run(conn: AsyncConnection) -> list[TaskRow]:
             locked = list(
-                await conn.execute(self._lock_dead, {**_owned(candidates), "dead_us": dead_us})
+                await conn.execute(
+                    self._lock_dead, {**owned_params(candidates), "dead_us": dead_us}
+                )
             )
             rows = [self.to_row(r) for r in locked]
             if rows:
                 owned = [(r.task_name, r.task_instance, r.version) for r in rows]
-                await conn.execute(self._release, _owned(owned))
+                await conn.execute(self._release, owned_params(owned))
             return rows
 
         return await self.db.transaction(run, read_committed=True)
-
-
-class MySQL5TaskStore(MySQLTaskStore):
-    """MySQL before 8 (and MariaDB before 10.6): no ``SKIP LOCKED``, so the optimistic
-    ``fetch`` strategy only. Reachable only through ``b.dialect("mysql5")``."""
-
-    supports_skip_locked = False
-
-    async def _revive_candidates(
-        self, candidates: list[tuple[str, str, int]], dead_us: int
-    ) -> list[TaskRow]:
-        """Without ``SKIP LOCKED`` a row another transaction holds (a stopped process between
-        its ``ctx.transaction()`` completion and its commit) would hold up the whole check
-        for ``innodb_lock_wait_timeout`` (50 s by default), so the lock waits are bounded and
-        a batch that times out is retried row by row, leaving the held rows for later."""
-        try:
-            return await self._bounded(candidates, dead_us)
-        except DBAPIError as error:
-            if errno(error) != ER_LOCK_WAIT_TIMEOUT:
-                raise
-        revived: list[TaskRow] = []
-        for candidate in candidates:
-            try:
-                revived += await self._bounded([candidate], dead_us)
-            except DBAPIError as error:
-                if errno(error) != ER_LOCK_WAIT_TIMEOUT:
-                    raise
-        return revived
-
-    async def _bounded(self, candidates: list[tuple[str, str, int]], dead_us: int) -> list[TaskRow]:
-        async def run(conn: AsyncConnection) -> list[TaskRow]:
-            await conn.execute(self._short_lock_wait)
-            try:
-                locked = list(
-                    await conn.execute(self._lock_dead, {**_owned(candidates), "dead_us": dead_us})
-                )
-                rows = [self.to_row(r) for r in locked]
-                if rows:
-                    owned = [(r.task_name, r.task_instance, r.version) for r in rows]
-                    await conn.execute(self._release, _owned(owned))
-                return rows
-            finally:
-                await conn.execute(self._default_lock_wait)
-
-        return await self.db.transaction(run, read_committed=True)
-
-    @property
-    def _short_lock_wait(self) -> TextClause:
-        return self.db.sql(q.SHORT_LOCK_WAIT)
-
-    @property
-    def _default_lock_wait(self) -> TextClause:
-        return self.db.sql(q.DEFAULT_LOCK_WAIT)

@@ -1,0 +1,69 @@
+"""MySQL before 8 (and MariaDB before 10.6): the MySQL statements without ``SKIP LOCKED``."""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ...domain.rows import TaskRow
+from . import statements as q
+from .database import ER_LOCK_WAIT_TIMEOUT, errno
+from .tasks import MySQLTaskStore, owned_params
+
+__all__ = ["MySQL5TaskStore"]
+
+
+class MySQL5TaskStore(MySQLTaskStore):
+    """MySQL before 8 (and MariaDB before 10.6): no ``SKIP LOCKED``, so the optimistic
+    ``fetch`` strategy only. Reachable only through ``b.dialect("mysql5")``."""
+
+    supports_skip_locked = False
+
+    async def _revive_candidates(
+        self, candidates: list[tuple[str, str, int]], dead_us: int
+    ) -> list[TaskRow]:
+        """Without ``SKIP LOCKED`` a row another transaction holds (a stopped process between
+        its ``ctx.transaction()`` completion and its commit) would hold up the whole check
+        for ``innodb_lock_wait_timeout`` (50 s by default), so the lock waits are bounded and
+        a batch that times out is retried row by row, leaving the held rows for later."""
+        try:
+            return await self._bounded(candidates, dead_us)
+        except DBAPIError as error:
+            if errno(error) != ER_LOCK_WAIT_TIMEOUT:
+                raise
+        revived: list[TaskRow] = []
+        for candidate in candidates:
+            try:
+                revived += await self._bounded([candidate], dead_us)
+            except DBAPIError as error:
+                if errno(error) != ER_LOCK_WAIT_TIMEOUT:
+                    raise
+        return revived
+
+    async def _bounded(self, candidates: list[tuple[str, str, int]], dead_us: int) -> list[TaskRow]:
+        async def run(conn: AsyncConnection) -> list[TaskRow]:
+            await conn.execute(self._short_lock_wait)
+            try:
+                locked = list(
+                    await conn.execute(
+                        self._lock_dead, {**owned_params(candidates), "dead_us": dead_us}
+                    )
+                )
+                rows = [self.to_row(r) for r in locked]
+                if rows:
+                    owned = [(r.task_name, r.task_instance, r.version) for r in rows]
+                    await conn.execute(self._release, owned_params(owned))
+                return rows
+            finally:
+                await conn.execute(self._default_lock_wait)
+
+        return await self.db.transaction(run, read_committed=True)
+
+    @property
+    def _short_lock_wait(self) -> TextClause:
+        return self.db.sql(q.SHORT_LOCK_WAIT)
+
+    @property
+    def _default_lock_wait(self) -> TextClause:
+        return self.db.sql(q.DEFAULT_LOCK_WAIT)
