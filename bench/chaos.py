@@ -45,13 +45,24 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from bench.chaos_audit import Audit, AuditInput, audit, load_ledger
 from bench.chaos_cluster import Cluster, Knobs
-from bench.chaos_jobs import ChaosBlock, ChaosLong, ChaosOnce, ChaosSync, recurring_period
-from bench.chaos_scenarios import SCENARIOS, Run, Scenario, fault_line
+from bench.chaos_effects import EFFECT_SCENARIOS, create_effects_table
+from bench.chaos_jobs import (
+    ChaosBlock,
+    ChaosLong,
+    ChaosOnce,
+    ChaosSettle,
+    ChaosSync,
+    recurring_period,
+)
+from bench.chaos_scenarios import SCENARIOS as _FAULT_SCENARIOS
+from bench.chaos_scenarios import Run, Scenario, fault_line
 from bench.throughput import check_local, fresh_database
 from ekbatan_fastapi import JobRegistry, create_schema, job_registry
 from ekbatan_fastapi.domain.durations import format_iso_duration
 
 __all__ = ["SCENARIOS", "ScenarioResult", "main", "run_scenario"]
+
+SCENARIOS: dict[str, Scenario] = {**_FAULT_SCENARIOS, **EFFECT_SCENARIOS}
 
 KNOBS = Knobs(poll=0.5, heartbeat=0.25, missed=8, shutdown_wait=1.0)
 """Every process's settings: polling 0.5 s, dead after 2 s, shutdown wait 1 s (x2)."""
@@ -103,6 +114,7 @@ async def _prepare(engine: AsyncEngine) -> None:
     await create_schema(engine)
     async with engine.begin() as conn:
         await conn.run_sync(demo_metadata.create_all)
+    await create_effects_table(engine)
 
 
 async def _server_version(engine: AsyncEngine) -> str:
@@ -113,7 +125,7 @@ async def _server_version(engine: AsyncEngine) -> str:
 
 def _control(url: str) -> JobRegistry:
     """A registry that is never started: its client schedules the harness's one-time tasks."""
-    jobs = [ChaosOnce(), ChaosLong(), ChaosBlock(), ChaosSync()]
+    jobs = [ChaosOnce(), ChaosLong(), ChaosBlock(), ChaosSync(), ChaosSettle()]
     return job_registry().connection_provider(url).with_jobs(jobs).build()
 
 

@@ -29,9 +29,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
 from ekbatan_fastapi import (
     DistributedJob,
     ExecutionContext,
+    ExecutionSuperseded,
     FailureHandler,
     Job,
     OneTimeJob,
@@ -44,8 +48,10 @@ from ekbatan_fastapi.domain.rows import Finish, FinishKind, TaskKey, TaskRow
 from ekbatan_fastapi.store.probe import StoreProbe, add_probe
 
 __all__ = [
+    "EFFECTS_TABLE",
     "ONCE",
     "PREFIX",
+    "SETTLE",
     "Ledger",
     "Ledgered",
     "job_instances",
@@ -59,6 +65,8 @@ ONCE = "chaos-once"
 LONG = "chaos-long"
 BLOCK = "chaos-block"
 SYNC = "chaos-sync"
+SETTLE = "chaos-settle"
+EFFECTS_TABLE = "chaos_effects"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 
@@ -228,7 +236,69 @@ class ChaosSync(_Retried):
         ledger().write("end", outcome="ok", **fields)
 
 
-_EXTRA_CLASSES: dict[str, type[Job]] = {"long": ChaosLong, "block": ChaosBlock, "sync": ChaosSync}
+class ChaosSettle(_Retried):
+    """Writes one row of ``chaos_effects`` for its instance and holds ``data["hold"]`` seconds
+    after it: inside ``ctx.transaction()`` (``data["tx"]``: the effect commits with the slot),
+    or committed at once on a connection of its own (without: at least once). The ledger gets
+    ``start``, ``in-block`` (the effect is written, the hold begins) and ``end``."""
+
+    def name(self) -> str:
+        return SETTLE
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        data = ctx.data if isinstance(ctx.data, dict) else {}
+        hold = float(data.get("hold", 0.0))
+        fields = _slot_fields(ctx)
+        effect = text(
+            f"INSERT INTO {EFFECTS_TABLE} (task_instance, pid, version) VALUES (:i, :p, :v)"
+        )
+        params = {"i": ctx.task_instance, "p": os.getpid(), "v": ctx.version}
+        ledger().write("start", **fields)
+        try:
+            if data.get("tx"):
+                if data.get("stop_at_commit"):
+                    _STOP_AT_COMMIT[ctx.task_name, ctx.task_instance] = float(
+                        data["stop_at_commit"]
+                    )
+                async with ctx.transaction() as conn:
+                    await conn.execute(effect, params)
+                    ledger().write("in-block", **fields)
+                    await asyncio.sleep(hold)
+            else:
+                async with _plain_engine().begin() as conn:
+                    await conn.execute(effect, params)
+                ledger().write("in-block", **fields)
+                await asyncio.sleep(hold)
+        except asyncio.CancelledError:
+            ledger().write("end", outcome="cancelled", **fields)
+            raise
+        except ExecutionSuperseded as error:
+            ledger().write("end", outcome="superseded", detail=str(error)[:120], **fields)
+            raise
+        except Exception as error:
+            ledger().write("end", outcome="failed", detail=repr(error)[:200], **fields)
+            raise
+        ledger().write("end", outcome="ok", **fields)
+
+
+_STOP_AT_COMMIT: dict[tuple[str, str], float] = {}
+"""Instances whose ``ctx.transaction()`` pauses between its completion and its commit."""
+_engines: list[AsyncEngine] = []
+
+
+def _plain_engine() -> AsyncEngine:
+    """The effects' own engine (the process's database URL, ``CHAOS_DB_URL``)."""
+    if not _engines:
+        _engines.append(create_async_engine(os.environ["CHAOS_DB_URL"], pool_size=2))
+    return _engines[0]
+
+
+_EXTRA_CLASSES: dict[str, type[Job]] = {
+    "long": ChaosLong,
+    "block": ChaosBlock,
+    "sync": ChaosSync,
+    "settle": ChaosSettle,
+}
 
 
 def _configured_classes() -> list[type[Job]]:
@@ -279,6 +349,21 @@ class _LedgerProbe(StoreProbe):
                 kind=FinishKind(item.kind).name.lower(),
                 next=micros(item.next_time) if item.next_time is not None else None,
             )
+
+    def transaction_completing(self, finish: Finish) -> None:
+        """A ``ctx.transaction()`` wrote its completion: an instance marked ``stop_at_commit``
+        says so in the ledger and pauses there (blocking this process), so that the harness
+        can SIGSTOP it while it holds the slot's row locked."""
+        pause = _STOP_AT_COMMIT.pop(finish.owned.key, None)
+        if pause is None:
+            return
+        owned = finish.owned
+        ledger().write("completing", task=owned.task_name, inst=owned.task_instance)
+        time.sleep(pause)
+
+    def transaction_committed(self, finish: Finish) -> None:
+        """Committed by ``ctx.transaction()``: recorded, as a completion the completer wrote."""
+        self.finished([finish], {finish.owned.key}, None, 0.0)
 
     def revived(self, rows: Sequence[TaskRow]) -> None:
         for row in rows:

@@ -73,6 +73,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    os.environ["CHAOS_DB_URL"] = args.url  # the chaos-settle job's own connection, when asked
     logging.basicConfig(
         level=logging.WARNING,
         format=f"%(asctime)s [{args.name} {os.getpid()}] %(levelname)s %(name)s: %(message)s",

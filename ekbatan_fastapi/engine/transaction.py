@@ -136,6 +136,8 @@ class SlotTransaction:
                 f"{self.tasks.db.statement_timeout:g}s; it may or may not have committed"
             ) from None
         self.execution.settled = finish
+        if probes.active:
+            probes.transaction_committed(finish)
         for statement in self.tasks.db.commit_guard_reset():
             try:
                 await caller.execute(statement)

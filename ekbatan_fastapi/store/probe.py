@@ -3,12 +3,13 @@
 The scheduler's own events are ``SchedulerObserver``'s; a probe sees one level lower: every
 poll and what it claimed, every batch of results the completer sent (and which of them the
 database recorded, or that the statement failed and may have committed all the same), every
-revival of dead executions, and every statement sent to the driver directly, past
-SQLAlchemy (PostgreSQL's hot path; SQLAlchemy's ``before_cursor_execute`` event sees all the
-others). The benchmarks build on it: ``bench/chaos.py`` its ledger, ``bench/idle_cost.py``
-its statement counts, ``bench/throughput.py`` and ``bench/slot_lag.py`` their poll and
-completion timings. Probes are called inline on the event loop: keep them cheap, never block.
-An exception in a probe propagates (a probe is test equipment).
+revival of dead executions, every ``ctx.transaction()`` completion, and every statement sent
+to the driver directly, past SQLAlchemy (PostgreSQL's hot path; SQLAlchemy's
+``before_cursor_execute`` event sees all the others). The benchmarks build on it:
+``bench/chaos.py`` its ledger, ``bench/idle_cost.py`` its statement counts,
+``bench/throughput.py`` and ``bench/slot_lag.py`` their poll and completion timings.
+Probes are called inline on the event loop: keep them cheap, never block. An exception in a
+probe propagates (a probe is test equipment).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class StoreProbe:
         """``ctx.transaction()`` wrote this slot's completion and is about to commit (the
         row is locked by the transaction until then). The chaos harness stops a process
         here."""
+
+    def transaction_committed(self, finish: Finish) -> None:
+        """``ctx.transaction()`` committed this slot's completion with its effects."""
 
 
 class _Probes:
@@ -91,6 +95,10 @@ class _Probes:
     def transaction_completing(self, finish: Finish) -> None:
         for probe in self._probes:
             probe.transaction_completing(finish)
+
+    def transaction_committed(self, finish: Finish) -> None:
+        for probe in self._probes:
+            probe.transaction_committed(finish)
 
 
 probes = _Probes()
