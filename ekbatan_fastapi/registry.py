@@ -15,6 +15,7 @@ from .client import SchedulerClient
 from .domain.clock import Clock
 from .domain.errors import ConfigurationError
 from .domain.job import DistributedJob, Job, OneTimeJob
+from .domain.limits import JobOverride, check_overrides, resolve_limits
 from .domain.schedules import Schedule
 from .domain.text import MAX_NAME_LENGTH, is_valid_name
 from .engine.config import SchedulerConfig
@@ -102,6 +103,24 @@ class SchedulerBuilder:
         self.config.observers.append(value)
         return self
 
+    def job_override(
+        self,
+        name: str,
+        *,
+        timeout: timedelta | None = None,
+        max_concurrency: int | None = None,
+    ) -> SchedulerBuilder:
+        """Override one job's ``timeout()`` and/or ``max_concurrency()`` (what settings'
+        ``jobs.overrides.<name>`` does); None keeps the job's own."""
+        self.config.job_overrides[name] = JobOverride(timeout, max_concurrency)
+        return self
+
+    def timeout_grace(self, value: timedelta) -> SchedulerBuilder:
+        """How long a timed-out async execution may clean up after its cancellation before
+        it is abandoned (default: one heartbeat interval)."""
+        self.config.timeout_grace = value
+        return self
+
     def statement_timeout(self, value: timedelta | None) -> SchedulerBuilder:
         """How long one database statement may take (default 30 s; None: unbounded). A
         connection that died without a reset never answers; past this bound it is discarded
@@ -174,6 +193,10 @@ class JobRegistryBuilder:
                 )
         config.validate()
         jobs = _validate_jobs(self._jobs)
+        by_name = {job.name(): job for job in jobs}
+        check_overrides(config.job_overrides, by_name)
+        for name, job in by_name.items():
+            resolve_limits(job, config.job_overrides.get(name))  # raises naming the value
         if self._connection is None:
             raise ConfigurationError(
                 "no database configured: call .connection_provider('postgresql+asyncpg://...') "

@@ -96,6 +96,8 @@ class ExecutionContext:
     heartbeat_state: HeartbeatState
     consecutive_failures: int
     shutting_down: Callable[[], bool] = field(default=_never, repr=False)
+    timed_out: Callable[[], bool] = field(default=_never, repr=False)
+    """Answers ``is_timed_out`` (the scheduler's timer)."""
     transactions: TransactionOpener | None = field(default=None, repr=False)
     """What ``transaction()`` opens: set by the scheduler (None: no database at hand)."""
 
@@ -112,6 +114,12 @@ class ExecutionContext:
     def is_shutting_down(self) -> bool:
         """True once the scheduler began to stop: a long job may wind down early."""
         return self.shutting_down()
+
+    @property
+    def is_timed_out(self) -> bool:
+        """True once the execution ran past its job's ``timeout()``: a plain ``def`` job should
+        return soon (it cannot be interrupted); an ``async def`` one is being cancelled."""
+        return self.timed_out()
 
     @property
     def fencing_token(self) -> int:

@@ -48,3 +48,8 @@ class ExecutionSuperseded(EkbatanError):
     """The execution lost its slot: the row was revived (and maybe run and completed) by
     another instance meanwhile, so this execution's ``ctx.transaction()`` was rolled back and
     nothing of it committed. Raised from the block; the history records it as superseded."""
+
+
+class JobTimedOut(EkbatanError, TimeoutError):
+    """An execution ran longer than its job's ``timeout()`` (recorded as its error; the
+    history outcome is ``timed_out``)."""

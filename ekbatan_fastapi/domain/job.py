@@ -44,6 +44,13 @@ class Job(abc.ABC):
         """Rows with a higher priority are claimed first when more are due than fit a batch."""
         return 0
 
+    def timeout(self) -> timedelta | None:
+        """How long one execution may run (None: no limit). An ``async def`` execution is
+        cancelled at the timeout and given a grace period to clean up; a plain ``def`` one
+        sees ``ctx.is_timed_out`` turn true. Either way its row stays picked until it has
+        really ended, and it counts as a failure (history outcome ``timed_out``)."""
+        return None
+
     @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.execute)
@@ -68,6 +75,16 @@ class OneTimeJob(Job):
         from .failure import RetryLater
 
         return RetryLater(timedelta(minutes=5))
+
+    def max_concurrency(self) -> int | None:
+        """At most this many executions of the job run at once across the cluster (counted
+        on the database, per ``concurrency_key`` when it gives one); None: no limit."""
+        return None
+
+    def concurrency_key(self, task_instance: str) -> str | None:
+        """Group instances for ``max_concurrency``: at most that many per key run at once
+        (e.g. per tenant: ``task_instance.split(":")[0]``). None: one group for the job."""
+        return None
 
 
 J = TypeVar("J", bound=type[Job])

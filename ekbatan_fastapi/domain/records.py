@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from .errors import JobTimedOut
 from .rows import Finish, FinishKind
 
 __all__ = ["ExecutionRecord", "InstanceInfo", "Outcome", "PauseInfo", "outcome_of"]
@@ -21,6 +22,8 @@ class Outcome(StrEnum):
     """Its row was revived elsewhere meanwhile: its result was not recorded."""
     CANCELLED = "cancelled"
     """Cancelled at shutdown; its slot was released to run again."""
+    TIMED_OUT = "timed_out"
+    """Ran longer than its job's ``timeout()``: a failure."""
 
 
 def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> Outcome:
@@ -30,6 +33,8 @@ def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> O
         return Outcome.SUPERSEDED
     if finish.kind is FinishKind.RELEASED:
         return Outcome.CANCELLED
+    if isinstance(error, JobTimedOut):
+        return Outcome.TIMED_OUT
     if finish.kind is FinishKind.FAILED or error is not None:
         return Outcome.FAILED
     return Outcome.SUCCEEDED

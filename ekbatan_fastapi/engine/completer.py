@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..domain.job import RECURRING_INSTANCE
@@ -16,9 +17,9 @@ from .alarm import Alarm
 from .backoff import Backoff
 from .config import SchedulerConfig
 from .execution import Execution
-from .executor import log_extra
 from .history import HistoryRecorder
 from .link import DatabaseLink
+from .logs import log_extra
 from .observer import ObserverDispatch, finished_event
 from .running import RunningExecutions
 
@@ -60,6 +61,7 @@ class Completer:
         running: RunningExecutions,
         history: HistoryRecorder,
         observer: ObserverDispatch,
+        limited: set[str] | None = None,
     ) -> None:
         self.name = name
         self.tasks = tasks
@@ -69,6 +71,8 @@ class Completer:
         self.running = running
         self.history = history
         self.observer = observer
+        self.limited = limited or set()
+        """Jobs with a concurrency limit: an execution of one that ends frees a place."""
         self.pending: list[tuple[Finish, Execution]] = []
         """Results handed over and not yet written, oldest first."""
         self.lease = tasks.db.lease()
@@ -100,6 +104,19 @@ class Completer:
         if not execution.history_written:
             self.history.record(execution, finish, True)
         self.running.recorded()
+
+    async def _room_freed(self, finishes: Iterable[Finish]) -> None:
+        """A limited job's execution ended: its place is free. Claim again here, and (where
+        the dialect can) tell every instance, so that waiting work does not wait for a
+        polling interval."""
+        if not self.limited or not any(f.owned.task_name in self.limited for f in finishes):
+            return
+        self.alarm.request_poll()
+        if self.tasks.supports_notify:
+            try:
+                await self.tasks.notify(None)
+            except Exception as error:  # only a wake-up: the next poll finds the work anyway
+                log.debug("could not notify the cluster of a freed place: %s", error)
 
     def close(self) -> None:
         """Let ``run`` return once everything pending is written (at shutdown)."""
@@ -135,6 +152,7 @@ class Completer:
             del self.pending[: len(batch.items)]
             self._settle(batch, recorded, ambiguous)
             self.running.recorded()
+            await self._room_freed(f for f, _ in batch.items)
 
     def _next_batch(self) -> _Batch:
         items = self.pending[:MAX_BATCH]

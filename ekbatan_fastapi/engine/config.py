@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..domain.clock import Clock, SystemClock
 from ..domain.errors import ConfigurationError
+from ..domain.limits import JobOverride
 from ..domain.rows import PollingStrategy
 from ..domain.tasks import dead_after
 from ..domain.text import is_valid_name
@@ -52,6 +53,16 @@ class SchedulerConfig:
     clock: Clock = field(default_factory=SystemClock)
     observers: list[SchedulerObserver] = field(default_factory=list)
     """Hooks called at the scheduler's events (metrics); see ``ekbatan_fastapi.observer``."""
+    job_overrides: dict[str, JobOverride] = field(default_factory=dict)
+    """Per job: a timeout or concurrency limit that wins over the job class's."""
+    timeout_grace: timedelta | None = None
+    """How long a timed-out ``async`` execution has to clean up after its cancellation before
+    it is abandoned (None: one heartbeat interval)."""
+
+    @property
+    def grace(self) -> timedelta:
+        """The effective ``timeout_grace``."""
+        return self.timeout_grace if self.timeout_grace is not None else self.heartbeat_interval
 
     @property
     def dead_after(self) -> timedelta:
@@ -95,6 +106,12 @@ class SchedulerConfig:
         ):
             raise ConfigurationError(
                 f"batch_size must be an integer from 1 to 10000, got {self.batch_size!r}"
+            )
+        if self.timeout_grace is not None and (
+            not isinstance(self.timeout_grace, timedelta) or self.timeout_grace < timedelta(0)
+        ):
+            raise ConfigurationError(
+                f"timeout_grace must be a timedelta of zero or more, got {self.timeout_grace!r}"
             )
         name = self.scheduler_name
         if not is_valid_name(name, SCHEDULER_NAME_LENGTH):

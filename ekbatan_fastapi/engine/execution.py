@@ -46,6 +46,8 @@ class Execution:
     """The result ``ctx.transaction()`` committed with the effects (nothing left to write)."""
     history_written: bool = False
     """Its history record was committed by ``ctx.transaction()``."""
+    timed_out: bool = False
+    """It ran past its job's timeout."""
 
     @property
     def owned(self) -> Owned:
@@ -70,6 +72,7 @@ class Execution:
             heartbeat_state=self.heartbeat,
             consecutive_failures=row.consecutive_failures or 0,
             shutting_down=shutting_down,
+            timed_out=lambda: self.timed_out,
             transactions=transactions,
         )
 

@@ -11,25 +11,23 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from ..domain.context import HeartbeatState, TransactionOpener
-from ..domain.errors import ExecutionSuperseded
+from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
+from ..domain.errors import ExecutionSuperseded, JobTimedOut
 from ..domain.job import Job
+from ..domain.limits import JobLimits
 from ..domain.rows import Finish, TaskRow
 from ..domain.schedules import Schedule
 from .config import SchedulerConfig
 from .execution import Execution
 from .link import DatabaseLink
+from .logs import log_extra
 from .observer import ObserverDispatch
 from .running import RunningExecutions, RunState
+from .timeouts import Abandoned, TimeoutRunner
 
-__all__ = ["Executor", "log_extra"]
+__all__ = ["Executor"]
 
 log = logging.getLogger(__name__)
-
-
-def log_extra(row: TaskRow, scheduler: str) -> dict[str, Any]:
-    """The ``extra`` of every log record about one row."""
-    return {"task_name": row.task_name, "task_instance": row.task_instance, "scheduler": scheduler}
 
 
 class Executor:
@@ -49,6 +47,7 @@ class Executor:
         submit: Callable[[Finish, Execution], None],
         settled: Callable[[Finish, Execution], None],
         transactions: Callable[[Execution], TransactionOpener] | None = None,
+        limits: Mapping[str, JobLimits] | None = None,
     ) -> None:
         self.name = name
         self.jobs = jobs
@@ -65,6 +64,8 @@ class Executor:
         self.transactions = transactions
         """Builds an execution's ``ctx.transaction()`` (None: without a database)."""
         self._is_async = {name: job.is_async for name, job in jobs.items()}
+        self._timeouts = {n: lim.timeout for n, lim in (limits or {}).items() if lim.timeout}
+        self._timer = TimeoutRunner(name, config.grace)
         self._threads: ThreadPoolExecutor | None = None
 
     def launch(self, row: TaskRow) -> None:
@@ -94,6 +95,9 @@ class Executor:
         began = self.config.clock.monotonic()
         try:
             error, cancelled = await self._call_job(execution)
+        except Abandoned:
+            self.running.forget(execution)  # no more heartbeats: revived after the dead window
+            return
         finally:
             self.running.returned()
         execution.duration = self.config.clock.monotonic() - began
@@ -127,6 +131,13 @@ class Executor:
     def _log_failure(self, execution: Execution, error: BaseException | None) -> None:
         if isinstance(error, ExecutionSuperseded):
             log.warning("%s", error, extra=self._extra(execution.row))
+        elif isinstance(error, JobTimedOut):
+            log.error(
+                "%s (slot %s)",
+                error,
+                execution.row.execution_time.isoformat(),
+                extra=self._extra(execution.row),
+            )
         elif error is not None:
             log.error(
                 "%s (slot %s) failed",
@@ -140,13 +151,16 @@ class Executor:
         """Run the job: (the exception it raised, whether it was cancelled at shutdown)."""
         opener = self.transactions(execution) if self.transactions is not None else None
         ctx = execution.context(lambda: self.state.stopping, opener)
+        timeout = self._timeouts.get(execution.row.task_name)
         try:
             if self._is_async[execution.row.task_name]:
-                await execution.job.execute(ctx)  # type: ignore[misc]
+                if timeout is None:
+                    await execution.job.execute(ctx)  # type: ignore[misc]
+                else:
+                    work = execution.job.execute(ctx)
+                    return await self._timer.run_async(execution, work, timeout), False  # type: ignore[arg-type]
             else:
-                await asyncio.get_running_loop().run_in_executor(
-                    self._thread_pool(), execution.job.execute, ctx
-                )
+                return await self._call_sync(execution, ctx, timeout), False
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if self.state.stopping:
@@ -162,9 +176,32 @@ class Executor:
             # failure like any other. Re-raising would leave the row picked and heartbeated
             # forever, its slot run by nobody.
             return exc, False
+        except Abandoned:
+            raise
         except Exception as exc:
             return exc, False
         return None, False
+
+    async def _call_sync(
+        self, execution: Execution, ctx: ExecutionContext, timeout: timedelta | None
+    ) -> BaseException | None:
+        """A plain ``def`` job in a worker thread; its timeout is cooperative."""
+        disarm = self._timer.arm(execution, timeout) if timeout is not None else None
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._thread_pool(), execution.job.execute, ctx
+            )
+            error: BaseException | None = None
+        except Exception as exc:
+            error = exc
+        finally:
+            if disarm is not None:
+                disarm()
+        if timeout is not None and execution.timed_out:
+            timed_out = self._timer.timed_out(execution, timeout)
+            timed_out.__cause__ = error
+            return timed_out
+        return error
 
     def _thread_pool(self) -> ThreadPoolExecutor:
         if self._threads is None:

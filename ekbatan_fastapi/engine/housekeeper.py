@@ -13,9 +13,9 @@ from ..store.tasks import TaskStore
 from .alarm import Alarm
 from .config import SchedulerConfig
 from .execution import Execution
-from .executor import log_extra
 from .history import HistoryRecorder
 from .link import DatabaseLink
+from .logs import log_extra
 from .observer import ObserverDispatch
 from .running import RunningExecutions, RunState
 

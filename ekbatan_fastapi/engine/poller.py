@@ -4,10 +4,11 @@ earliest known due time or the polling interval, whichever is sooner."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
-from ..domain.rows import PollingStrategy
+from ..domain.rows import PollingStrategy, PollResult
+from ..store.limited import Limit, poll_limited
 from ..store.tasks import TaskStore
 from .alarm import Alarm
 from .backoff import Backoff
@@ -34,6 +35,7 @@ class Poller:
         *,
         name: str,
         names: Sequence[str],
+        limits: Mapping[str, Limit],
         strategy: PollingStrategy,
         tasks: TaskStore,
         config: SchedulerConfig,
@@ -46,8 +48,10 @@ class Poller:
         observer: ObserverDispatch,
     ) -> None:
         self.name = name
-        self.names = list(names)
-        """The task names this instance claims (its jobs, less the disabled ones)."""
+        self.limits = dict(limits)
+        """The jobs with a cluster-wide concurrency limit: claimed by ``poll_limited``."""
+        self.names = [n for n in names if n not in self.limits]
+        """The other task names this instance claims (its jobs, less the disabled ones)."""
         self.strategy = strategy
         self.tasks = tasks
         self.config = config
@@ -59,6 +63,34 @@ class Poller:
         self.history = history
         self.observer = observer
         self.lease = tasks.db.lease()
+
+    async def _poll(self, limit: int) -> PollResult:
+        """Claim up to ``limit`` due rows: the unlimited jobs' in one statement, then the
+        limited jobs' in a transaction that counts their running executions."""
+        skip_paused = self.history.available
+        result = PollResult([], self.link.now(), None)
+        if self.names:
+            result = await self.tasks.poll(
+                self.names,
+                limit,
+                self.name,
+                self.strategy,
+                skip_paused=skip_paused,
+                lease=self.lease,
+            )
+        room = limit - len(result.claimed)
+        if not self.limits or room <= 0:
+            return result
+        limited = await poll_limited(
+            self.tasks, self.limits, room, self.name, skip_paused=skip_paused
+        )
+        due = [d for d in (result.next_due, limited.next_due) if d is not None]
+        return PollResult(
+            [*result.claimed, *limited.claimed],
+            limited.db_now if not self.names else result.db_now,
+            min(due) if due else None,
+            more_due=result.more_due or len(limited.claimed) >= room,
+        )
 
     async def run(self) -> None:
         try:
@@ -84,14 +116,7 @@ class Poller:
             began = clock.monotonic()
             sent = clock.now()
             try:
-                result = await self.tasks.poll(
-                    self.names,
-                    limit,
-                    self.name,
-                    self.strategy,
-                    skip_paused=self.history.available,
-                    lease=self.lease,
-                )
+                result = await self._poll(limit)
             except Exception as error:
                 self.link.failed(error, "poll")
                 await self.alarm.sleep(backoff.next())

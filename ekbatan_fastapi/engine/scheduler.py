@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING
 
 from ..domain.errors import ConfigurationError
 from ..domain.job import DistributedJob, Job
+from ..domain.limits import JobLimits, resolve_limits
 from ..domain.rows import PollingStrategy, TaskKey, TaskRow
 from ..domain.schedules import Schedule
+from ..store.limited import Limit
 from .alarm import Alarm
 from .backoff import Backoff
 from .completer import Completer
@@ -90,6 +92,11 @@ class Scheduler:
             for name in self.jobs
             if not (name in self.schedules and self.schedules[name].is_disabled)
         ]
+        self.limits: dict[str, JobLimits] = {
+            name: resolve_limits(job, config.job_overrides.get(name))
+            for name, job in self.jobs.items()
+        }
+        """Each job's timeout and concurrency limit (its own, or the settings' override)."""
         self.polling_strategy = _strategy(config, store)
         self.batch_size = config.batch_size or max(50, 3 * len(self.jobs))
         self.observer = ObserverDispatch(config.observers, self.name)
@@ -127,6 +134,7 @@ class Scheduler:
             running=self.executions,
             history=self.recorder,
             observer=self.observer,
+            limited={n for n, lim in self.limits.items() if lim.limited},
         )
         self.executor = Executor(
             name=self.name,
@@ -137,6 +145,7 @@ class Scheduler:
             submit=self.completer.submit,
             settled=self.completer.settled,
             transactions=self._transaction_for,
+            limits=self.limits,
             config=config,
             link=self.link,
             state=self.state,
@@ -155,6 +164,11 @@ class Scheduler:
         self.poller = Poller(
             name=self.name,
             names=active,
+            limits={
+                n: Limit(lim.max_concurrency, lim.concurrency_key)
+                for n, lim in self.limits.items()
+                if lim.max_concurrency is not None and n in active
+            },
             strategy=self.polling_strategy,
             tasks=store.tasks,
             alarm=self.alarm,

@@ -17,9 +17,9 @@ from ..store.tasks import TaskStore
 from .alarm import Alarm
 from .backoff import Backoff
 from .config import SchedulerConfig
-from .executor import log_extra
 from .history import HistoryRecorder
 from .link import DatabaseLink
+from .logs import log_extra
 from .running import RunState
 
 __all__ = ["Startup"]

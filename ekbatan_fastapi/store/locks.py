@@ -1,0 +1,129 @@
+"""Cluster-wide locks by name: PostgreSQL's transaction-scoped advisory locks
+(``pg_try_advisory_xact_lock``, keyed by a stable 64-bit hash of the name) and MySQL/MariaDB's
+named locks (``GET_LOCK`` / ``RELEASE_LOCK``, bound to the connection and released in
+``finally``).
+
+``try_cluster_lock`` is the advisory-lock approach to HA scheduled work, for code that is not a
+job; the scheduler uses the same locks to count a job's running executions against its
+``max_concurrency`` without two instances counting at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..domain.errors import ConfigurationError
+
+__all__ = ["lock_key", "lock_name", "take_locks", "try_cluster_lock"]
+
+_MYSQL_NAME_LIMIT = 64
+_TRY = {
+    "postgresql": "SELECT pg_try_advisory_xact_lock(:key)",
+    "mysql": "SELECT GET_LOCK(:name, 0)",
+}
+_WAIT = {
+    "postgresql": "SELECT pg_advisory_xact_lock(:key)",
+    "mysql": "SELECT GET_LOCK(:name, :seconds)",
+}
+_RELEASE = "SELECT RELEASE_LOCK(:name)"
+
+
+def lock_key(name: str) -> int:
+    """A stable signed 64-bit key for ``name`` (PostgreSQL's advisory lock space)."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def lock_name(name: str) -> str:
+    """``name`` as a MySQL/MariaDB lock name (at most 64 characters: longer ones hashed)."""
+    full = f"ekbatan:{name}"
+    if len(full) <= _MYSQL_NAME_LIMIT:
+        return full
+    return "ekbatan:" + hashlib.blake2b(name.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _family(conn: AsyncConnection) -> str:
+    backend = conn.dialect.name
+    if backend == "postgresql":
+        return "postgresql"
+    if backend in ("mysql", "mariadb"):
+        return "mysql"
+    raise ConfigurationError(f"cluster locks need PostgreSQL or MySQL/MariaDB, got {backend!r}")
+
+
+async def take_locks(conn: AsyncConnection, names: Sequence[str], *, seconds: float) -> list[str]:
+    """Take the named locks (in sorted order, so that two takers never deadlock), waiting
+    up to ``seconds`` for each. PostgreSQL's end with the transaction; the MySQL names
+    returned must be released with ``release_locks``. Raises ``TimeoutError`` when one could
+    not be taken in time (MySQL; PostgreSQL is bounded by the statement timeout)."""
+    family = _family(conn)
+    taken: list[str] = []
+    for name in sorted(set(names)):
+        if family == "postgresql":
+            await conn.execute(text(_WAIT["postgresql"]), {"key": lock_key(name)})
+            continue
+        got = (
+            await conn.execute(text(_WAIT["mysql"]), {"name": lock_name(name), "seconds": seconds})
+        ).scalar_one()
+        if got != 1:
+            await release_locks(conn, taken)
+            raise TimeoutError(f"the cluster lock {name!r} was held for over {seconds:g}s")
+        taken.append(lock_name(name))
+    return taken
+
+
+async def release_locks(conn: AsyncConnection, names: Sequence[str]) -> None:
+    for name in names:
+        with contextlib.suppress(Exception):
+            await conn.execute(text(_RELEASE), {"name": name})
+
+
+@contextlib.asynccontextmanager
+async def try_cluster_lock(target: AsyncEngine | AsyncConnection, name: str) -> AsyncIterator[bool]:
+    """Try to take the cluster-wide lock ``name`` without waiting; yields whether this caller
+    holds it for the block. Exactly one of several racing callers gets it.
+
+    With an ``AsyncEngine`` a connection is opened and, on PostgreSQL, a transaction holds
+    the lock (``pg_try_advisory_xact_lock``) until the block ends. With your own
+    ``AsyncConnection``: on PostgreSQL the lock lives until *your* transaction ends (one is
+    begun if none is active, and committed at the end of the block); on MySQL/MariaDB
+    ``GET_LOCK`` is released at the end of the block (``RELEASE_LOCK``, in ``finally``).
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"try_cluster_lock needs a non-empty lock name, got {name!r}")
+    async with contextlib.AsyncExitStack() as stack:
+        if isinstance(target, AsyncEngine):
+            conn = await stack.enter_async_context(target.connect())
+        elif isinstance(target, AsyncConnection):
+            conn = target
+        else:
+            raise ConfigurationError(
+                "try_cluster_lock takes an AsyncEngine or an AsyncConnection, got "
+                f"{type(target).__name__}"
+            )
+        family = _family(conn)
+        if family == "postgresql":
+            began = not conn.in_transaction()
+            if began:
+                await conn.begin()
+            acquired = bool(
+                (await conn.execute(text(_TRY["postgresql"]), {"key": lock_key(name)})).scalar()
+            )
+            try:
+                yield acquired
+            finally:
+                if began:
+                    await conn.commit()
+            return
+        mysql_name = lock_name(name)
+        acquired = (await conn.execute(text(_TRY["mysql"]), {"name": mysql_name})).scalar() == 1
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                await release_locks(conn, [mysql_name])
