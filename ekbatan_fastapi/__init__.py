@@ -19,6 +19,7 @@ from .domain.errors import (
     DatabaseTimeout,
     EkbatanError,
     ExecutionSuperseded,
+    JobTimedOut,
     RunNotClaimedError,
     ScheduleError,
     SchemaMissingError,
@@ -40,6 +41,7 @@ from .engine.scheduler import Scheduler
 from .engine.status import ExecutionStatus, SchedulerStatus
 from .registry import JobRegistry, JobRegistryBuilder, SchedulerBuilder, job_registry
 from .store.connection import ConnectionProvider
+from .store.locks import try_cluster_lock
 from .store.tables import create_schema, metadata, scheduled_tasks
 
 __version__ = VERSION
@@ -114,6 +116,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "Job",
     "JobRegistry",
     "JobRegistryBuilder",
+    "JobTimedOut",
     "MaxRetries",
     "OffsetClock",
     "OneTimeJob",
@@ -145,6 +148,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "metadata",
     "parse_schedule",
     "scheduled_tasks",
+    "try_cluster_lock",
     "EkbatanLifespan",
     "EkbatanSettings",
     "EkbatanState",

@@ -3,6 +3,8 @@
 Modes:
   slots  a 200 ms fixed-rate job that inserts its slot into ``ledger`` (slot is UNIQUE)
   long   a job that records its start in ``starts`` and then runs until the process dies
+  limited  a one-time job ``export`` with max_concurrency 2 that records its start and end in
+         ``spans`` and sleeps ``--work`` seconds
 It prints READY once its scheduler reached the database, and stops gracefully on SIGTERM.
 The two tables are described by ``LEDGERS`` (portable over every dialect; tests create them).
 """
@@ -16,11 +18,19 @@ import os
 import signal
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Column, DateTime, Integer, MetaData, Table, insert
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, insert
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.types import TypeEngine
 
-from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules, job_registry
+from ekbatan_fastapi import (
+    DistributedJob,
+    ExecutionContext,
+    Job,
+    OneTimeJob,
+    Schedule,
+    Schedules,
+    job_registry,
+)
 from ekbatan_fastapi.store.tables import UTCDateTime
 
 
@@ -34,6 +44,14 @@ ledger = Table(
     LEDGERS,
     Column("slot", _timestamp(), primary_key=True),
     Column("pid", Integer, nullable=False),
+)
+spans = Table(
+    "spans",
+    LEDGERS,
+    Column("instance", String(100), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started", _timestamp(), nullable=False),
+    Column("ended", _timestamp(), nullable=False),
 )
 starts = Table(
     "starts",
@@ -80,18 +98,52 @@ class LongJob(DistributedJob):
         await asyncio.sleep(3600)
 
 
+class ExportJob(OneTimeJob):
+    """At most two run at once across the cluster; each records its start and end."""
+
+    def __init__(self, engine: AsyncEngine, work: float) -> None:
+        self.engine = engine
+        self.work = work
+
+    def name(self) -> str:
+        return "export"
+
+    def max_concurrency(self) -> int | None:
+        return 2
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        started = datetime.now(UTC)
+        await asyncio.sleep(self.work)
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                insert(spans).values(
+                    instance=ctx.task_instance,
+                    pid=os.getpid(),
+                    started=started,
+                    ended=datetime.now(UTC),
+                )
+            )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["slots", "long"])
+    parser.add_argument("mode", choices=["slots", "long", "limited"])
     parser.add_argument("url")
     parser.add_argument("--heartbeat", type=float, default=0.2)
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--period", type=float, default=0.2)
     parser.add_argument("--dialect", default=None, help="a b.dialect(...) override")
+    parser.add_argument("--work", type=float, default=0.3, help="seconds per export")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[{os.getpid()}] %(levelname)s %(message)s")
     engine = create_async_engine(args.url, pool_size=2)
-    job: DistributedJob = SlotsJob(engine, args.period) if args.mode == "slots" else LongJob(engine)
+    job: Job = (
+        SlotsJob(engine, args.period)
+        if args.mode == "slots"
+        else LongJob(engine)
+        if args.mode == "long"
+        else ExportJob(engine, args.work)
+    )
     registry = (
         job_registry()
         .connection_provider(args.url)
