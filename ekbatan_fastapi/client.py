@@ -24,7 +24,7 @@ from .domain.errors import (
     UnknownJobError,
 )
 from .domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob
-from .domain.records import ExecutionRecord, InstanceInfo, PauseInfo
+from .domain.records import ExecutionRecord, InstanceInfo, JobDefinition, PauseInfo
 from .domain.rows import NewTask, TaskRow
 from .domain.schedules import Schedule
 from .domain.tasks import ScheduledTask, paused_message, slot_after_missed
@@ -481,6 +481,25 @@ class SchedulerClient:
         """Instances ordered by execution time; filter by job name and picked state."""
         rows = await self._tasks.list_tasks(job_name, picked=picked, limit=limit, offset=offset)
         return [ScheduledTask.from_row(r) for r in rows]
+
+    async def job_definitions(self) -> dict[str, JobDefinition]:
+        """Every job the cluster's instances registered (``ekbatan_jobs``, migration V0003):
+        kind, schedule, timeout, concurrency limit, app version; empty without the table."""
+        if not await self._store.jobs.look():
+            return {}
+        return await self._store.jobs.definitions()
+
+    async def running_counts(self) -> dict[str, int]:
+        """Executions running now across the cluster, by job name."""
+        return await self._store.jobs.running()
+
+    async def timed_out_counts(self, since: timedelta = timedelta(days=1)) -> dict[str, int]:
+        """Executions that ran past their timeout in the last ``since``, by job name (from
+        the history; empty without it)."""
+        if not await self._ops.look():
+            return {}
+        now = await self._tasks.db_now()
+        return await self._store.jobs.timed_out_since(now - since)
 
     async def database_time(self) -> datetime:
         """The database's clock (the one every due and dead decision uses)."""

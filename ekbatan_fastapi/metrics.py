@@ -55,7 +55,7 @@ class EkbatanMetrics(SchedulerObserver):
     Per task (label ``task`` = the task name; instance ids are never labels):
 
     * ``ekbatan_executions_total{task,outcome}``: finished executions by outcome
-      (succeeded, failed, superseded, cancelled);
+      (succeeded, failed, timed_out, superseded, cancelled);
     * ``ekbatan_execution_duration_seconds{task}``: how long ``execute`` ran (histogram);
     * ``ekbatan_execution_slot_lag_seconds{task}``: start minus the slot's execution_time,
       on the database clock, observed when the execution starts (histogram);
@@ -66,7 +66,9 @@ class EkbatanMetrics(SchedulerObserver):
       which other instances may have raised): the table's value, from this instance's writes;
     * ``ekbatan_heartbeat_failures_total{task}``, ``ekbatan_dead_executions_revived_total{task}``;
     * ``ekbatan_running_executions{task}``: executions running on this instance (read at
-      scrape time).
+      scrape time); ``sum`` over the instances against ``ekbatan_job_max_concurrency{task}``
+      (its limit) shows how many run out of the limit;
+    * ``ekbatan_job_timeout_seconds{task}``: a job's timeout, where it has one.
 
     Per scheduler: ``ekbatan_poll_duration_seconds`` (histogram of poll statements),
     ``ekbatan_claimed_executions_total`` (rows claimed by polls) and
@@ -91,6 +93,7 @@ class EkbatanMetrics(SchedulerObserver):
         )
         self._define_task_metrics(tuple(duration_buckets), tuple(lag_buckets))
         self._define_scheduler_metrics(tuple(poll_buckets))
+        self._define_limit_metrics()
         self._schedulers: list[weakref.ref[Scheduler]] = []
         self.registry.register(_RunningCollector(self._running))
         # labels() takes a lock and builds a key: cache the children for the hot path
@@ -152,6 +155,21 @@ class EkbatanMetrics(SchedulerObserver):
             task,
         )
 
+    def _define_limit_metrics(self) -> None:
+        prom, metric = self._prom, self._metric
+        self.job_timeout = metric(
+            prom.Gauge,
+            "ekbatan_job_timeout_seconds",
+            "A job's timeout (jobs without one have no series).",
+            ("task",),
+        )
+        self.job_max_concurrency = metric(
+            prom.Gauge,
+            "ekbatan_job_max_concurrency",
+            "A job's cluster-wide concurrency limit (per key where it has one).",
+            ("task",),
+        )
+
     def _define_scheduler_metrics(self, poll_buckets: tuple[float, ...]) -> None:
         prom, metric = self._prom, self._metric
         self.poll_duration = metric(
@@ -189,6 +207,11 @@ class EkbatanMetrics(SchedulerObserver):
 
     def attached(self, scheduler: Scheduler) -> None:
         self._schedulers.append(weakref.ref(scheduler))
+        for name, limits in scheduler.limits.items():
+            if limits.timeout is not None:
+                self.job_timeout.labels(name).set(limits.timeout.total_seconds())
+            if limits.max_concurrency is not None:
+                self.job_max_concurrency.labels(name).set(limits.max_concurrency)
 
     def _running(self) -> dict[str, int]:
         """Running executions per task (0 for every job of an attached scheduler)."""

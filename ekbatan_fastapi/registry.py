@@ -115,6 +115,12 @@ class SchedulerBuilder:
         self.config.job_overrides[name] = JobOverride(timeout, max_concurrency)
         return self
 
+    def app_version(self, value: str | None) -> SchedulerBuilder:
+        """The application's version (e.g. ``"2026.12.1"``), written with the job definitions:
+        during a rolling deploy an older version never changes what a newer one wrote."""
+        self.config.app_version = value
+        return self
+
     def timeout_grace(self, value: timedelta) -> SchedulerBuilder:
         """How long a timed-out async execution may clean up after its cancellation before
         it is abandoned (default: one heartbeat interval)."""

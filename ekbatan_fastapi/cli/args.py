@@ -9,8 +9,8 @@ from ..domain.job import RECURRING_INSTANCE
 __all__ = ["parser"]
 
 _DESCRIPTION = """\
-Operate ekbatan-fastapi's jobs tables: apply the migrations, list the tasks, read the
-execution history, run a task now, pause and resume it cluster-wide.
+Operate ekbatan-fastapi's jobs tables: apply the migrations, list the tasks and the jobs, read
+the execution history, run a task now, pause and resume it cluster-wide.
 
 The database is --url, or the application's database setting (the jobs-config slot of its
 settings), read as the application reads it: EKBATAN_... environment variables and the YAML
@@ -112,4 +112,8 @@ def parser() -> argparse.ArgumentParser:
     )
 
     command("instances", "the scheduler instances, live and recently gone")
+    command(
+        "jobs",
+        "the cluster's jobs: schedule, timeout, concurrency limit, running now, timed out",
+    )
     return main

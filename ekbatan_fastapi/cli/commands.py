@@ -9,6 +9,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
+from ..domain.durations import format_iso_duration
 from ..domain.errors import ScheduleError
 from ..domain.schedules import parse_schedule
 from ..domain.tasks import paused_message
@@ -199,6 +200,48 @@ async def cmd_run_now(ctx: Context) -> None:
     )
 
 
+async def cmd_jobs(ctx: Context) -> None:
+    """The cluster's jobs as their instances registered them (``ekbatan_jobs``), with the
+    executions running now and those timed out in the last day."""
+    definitions = await ctx.client.job_definitions()
+    if not definitions and not await ctx.store.jobs.look():
+        ctx.out.warn(
+            "the job definitions table (ekbatan_jobs) is missing: run `ekbatan-jobs migrate`"
+        )
+    running = await ctx.client.running_counts()
+    timed_out = await ctx.client.timed_out_counts()
+    views = [
+        {
+            "name": d.task_name,
+            "kind": d.kind,
+            "schedule": d.schedule,
+            "timeout": format_iso_duration(d.timeout) if d.timeout is not None else None,
+            "max_concurrency": d.max_concurrency,
+            "per_key": d.keyed,
+            "running": running.get(d.task_name, 0),
+            "timed_out_last_day": timed_out.get(d.task_name, 0),
+            "app_version": d.app_version,
+            "written_by": d.written_by,
+            "written_at": d.written_at.isoformat(),
+        }
+        for d in sorted(definitions.values(), key=lambda d: d.task_name)
+    ]
+    ctx.out.table(
+        views,
+        json_value={"jobs": views},
+        columns=(
+            "name",
+            "kind",
+            "schedule",
+            "timeout",
+            "max_concurrency",
+            "running",
+            "timed_out_last_day",
+            "app_version",
+        ),
+    )
+
+
 async def cmd_instances(ctx: Context) -> None:
     views = [
         {
@@ -223,4 +266,5 @@ COMMANDS: dict[str, Callable[[Context], Awaitable[None]]] = {
     "pause": cmd_pause,
     "resume": cmd_resume,
     "instances": cmd_instances,
+    "jobs": cmd_jobs,
 }

@@ -4,13 +4,13 @@ ended."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from .errors import JobTimedOut
 from .rows import Finish, FinishKind
 
-__all__ = ["ExecutionRecord", "InstanceInfo", "Outcome", "PauseInfo", "outcome_of"]
+__all__ = ["ExecutionRecord", "InstanceInfo", "JobDefinition", "Outcome", "PauseInfo", "outcome_of"]
 
 
 class Outcome(StrEnum):
@@ -89,3 +89,23 @@ class InstanceInfo:
     library_version: str
     alive: bool
     """Seen within the dead window (``heartbeat_interval x missed_heartbeats_limit``)."""
+
+
+@dataclass(frozen=True)
+class JobDefinition:
+    """A job as the instance that last registered it described it (``ekbatan_jobs``)."""
+
+    task_name: str
+    kind: str
+    """``recurring`` or ``one-time``."""
+    schedule: str | None
+    """The schedule in db-scheduler's form (``FIXED_RATE|PT1M``): recurring jobs only."""
+    fingerprint: str | None
+    app_version: str | None
+    """The application version that wrote it (``jobs.app-version``), if configured."""
+    timeout: timedelta | None
+    max_concurrency: int | None
+    keyed: bool
+    """The concurrency limit is per ``concurrency_key``."""
+    written_by: str
+    written_at: datetime

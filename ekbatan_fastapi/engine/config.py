@@ -53,6 +53,8 @@ class SchedulerConfig:
     clock: Clock = field(default_factory=SystemClock)
     observers: list[SchedulerObserver] = field(default_factory=list)
     """Hooks called at the scheduler's events (metrics); see ``ekbatan_fastapi.observer``."""
+    app_version: str | None = None
+    """The application's version, written with the job definitions (rolling deploys)."""
     job_overrides: dict[str, JobOverride] = field(default_factory=dict)
     """Per job: a timeout or concurrency limit that wins over the job class's."""
     timeout_grace: timedelta | None = None

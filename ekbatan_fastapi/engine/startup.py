@@ -5,14 +5,18 @@ disabled jobs; then look for the operations tables and report this instance."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from ..domain.errors import SchemaMissingError
-from ..domain.job import RECURRING_INSTANCE, Job
+from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job
+from ..domain.limits import JobLimits
+from ..domain.records import JobDefinition
 from ..domain.rows import NewTask, TaskKey
 from ..domain.schedules import Schedule
+from ..store.jobs import JobsStore
 from ..store.tasks import TaskStore
 from .alarm import Alarm
 from .backoff import Backoff
@@ -22,12 +26,36 @@ from .link import DatabaseLink
 from .logs import log_extra
 from .running import RunState
 
-__all__ = ["Startup"]
+__all__ = ["Startup", "definition_of", "fingerprint"]
 
 log = logging.getLogger(__name__)
 
 RESCHEDULE_GUARD = timedelta(seconds=10)
 """A row due within this long is not moved by a changed schedule (it is about to run)."""
+
+
+def fingerprint(schedule: Schedule) -> str:
+    """A short stable digest of a schedule (its db-scheduler form)."""
+    return hashlib.sha256(schedule.describe().encode("utf-8")).hexdigest()[:32]
+
+
+def definition_of(
+    job: Job, limits: JobLimits, config: SchedulerConfig, written_by: str
+) -> JobDefinition:
+    """What ``ekbatan_jobs`` says of one job (``written_at`` is the database's)."""
+    schedule = job.schedule() if isinstance(job, DistributedJob) else None
+    return JobDefinition(
+        task_name=job.name(),
+        kind="recurring" if schedule is not None else "one-time",
+        schedule=schedule.describe() if schedule is not None else None,
+        fingerprint=fingerprint(schedule) if schedule is not None else None,
+        app_version=config.app_version,
+        timeout=limits.timeout,
+        max_concurrency=limits.max_concurrency,
+        keyed=limits.concurrency_key is not None,
+        written_by=written_by,
+        written_at=datetime.now(UTC),
+    )
 
 
 class Startup:
@@ -39,7 +67,9 @@ class Startup:
         name: str,
         jobs: Mapping[str, Job],
         schedules: Mapping[str, Schedule],
+        limits: Mapping[str, JobLimits],
         tasks: TaskStore,
+        definitions: JobsStore,
         config: SchedulerConfig,
         link: DatabaseLink,
         alarm: Alarm,
@@ -49,7 +79,9 @@ class Startup:
         self.name = name
         self.jobs = jobs
         self.schedules = schedules
+        self.limits = limits
         self.tasks = tasks
+        self.definitions = definitions
         self.config = config
         self.link = link
         self.alarm = alarm
@@ -63,6 +95,7 @@ class Startup:
                 await self.create_recurring_rows()
                 if await self.history.check():
                     await self.history.report_instance(self.state.started_at or self.link.now())
+                await self.register_definitions()
             except SchemaMissingError as error:
                 self.link.answered()
                 self.link.last_error = str(error)
@@ -73,6 +106,17 @@ class Startup:
                 self.state.ready.set()
                 return
             await self.alarm.sleep(backoff.next())
+
+    async def register_definitions(self) -> None:
+        """Write what each job is into ``ekbatan_jobs`` (migration V0003), where it exists."""
+        if not self.jobs or not await self.definitions.look():
+            return
+        await self.definitions.write(
+            [
+                definition_of(job, self.limits[name], self.config, self.name)
+                for name, job in self.jobs.items()
+            ]
+        )
 
     async def create_recurring_rows(self) -> None:
         """Insert missing recurring rows, move changed deterministic schedules, drop disabled."""

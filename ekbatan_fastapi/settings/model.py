@@ -41,6 +41,7 @@ from .sources import CONFIG_FILE, CONFIG_FILE_ENV, YamlFileSource
 
 __all__ = [
     "EkbatanSettings",
+    "JobOverrideSettings",
     "JobsSettings",
     "ShardGroup",
     "ShardMember",
@@ -97,6 +98,23 @@ def _iso_duration(value: Any) -> Any:
 IsoDuration = Annotated[timedelta, BeforeValidator(_iso_duration)]
 
 
+class JobOverrideSettings(SettingsSection):
+    """``ekbatan.jobs.overrides.<job name>``: a timeout or concurrency limit that wins over the
+    job class's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout: IsoDuration | None = None
+    max_concurrency: int | None = Field(default=None, ge=1)
+
+    @field_validator("timeout")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError("must be longer than zero, e.g. PT10M")
+        return value
+
+
 class JobsSettings(SettingsSection):
     """``ekbatan.jobs``: the scheduler's knobs (defaults from DESIGN.md)."""
 
@@ -114,6 +132,18 @@ class JobsSettings(SettingsSection):
     """Modules imported at startup so that their ``@distributed_job`` classes are found."""
     metrics: bool = False
     """Collect Prometheus metrics (the ``[metrics]`` extra); ``metrics_router`` serves them."""
+    app_version: str | None = None
+    """The application's version, written with the job definitions: during a rolling deploy
+    an older version never changes what a newer one wrote."""
+    timeout_grace: IsoDuration | None = None
+    """How long a timed-out async execution may clean up (default: one heartbeat interval)."""
+    overrides: dict[str, JobOverrideSettings] = Field(default_factory=dict)
+    """Per job (by name, spelled like any key: ``nightly-export`` = ``NIGHTLY_EXPORT``):
+    ``timeout`` and ``max-concurrency`` that win over the job class's."""
+
+    def override_for(self, job_name: str) -> JobOverrideSettings | None:
+        """The override of ``job_name`` (keys compare as settings keys do)."""
+        return self.overrides.get(canonical_key(job_name))
 
     @field_validator("polling_interval", "heartbeat_interval", "shutdown_max_wait")
     @classmethod
@@ -280,7 +310,11 @@ def _describe(error: ValidationError) -> str:
         path, env = _location(tuple(item["loc"]))
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            known = ", ".join(display_key(name) for name in JobsSettings.model_fields)
-            message = f"unknown key; the keys of ekbatan.jobs are {known}"
+            section = JobOverrideSettings if "overrides" in item["loc"] else JobsSettings
+            where = (
+                "ekbatan.jobs.overrides.<job>" if section is JobOverrideSettings else "ekbatan.jobs"
+            )
+            known = ", ".join(display_key(name) for name in section.model_fields)
+            message = f"unknown key; the keys of {where} are {known}"
         lines.append(f"  - {path} (environment: {env}): {message}")
     return "invalid ekbatan settings:\n" + "\n".join(lines)

@@ -94,6 +94,11 @@ class Database(abc.ABC):
         """Insert ``values`` into ``table``; on a primary-key conflict set ``update`` instead."""
 
     @abc.abstractmethod
+    def upsert_many(self, table: Table, rows: list[dict[str, Any]]) -> Executable:
+        """Insert ``rows`` into ``table``; a row whose primary key exists replaces the other
+        columns of the existing one. One statement."""
+
+    @abc.abstractmethod
     def commit_guard(self, seconds: float) -> list[Executable]:
         """Statements that make the server end the current transaction if its client goes
         silent for ``seconds`` before committing (a process stopped while it holds a row
@@ -114,7 +119,7 @@ class Database(abc.ABC):
         """The error to raise for a missing table: which one, and how to create it."""
         table = self.tables.tasks
         text = str(error or "")
-        for candidate in self.tables.operations:
+        for candidate in self.tables.ours:
             if candidate.name in text:
                 table = candidate
         name = f"{table.schema}.{table.name}" if table.schema else table.name

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..domain.errors import ConfigurationError
 from .database import DEFAULT_STATEMENT_TIMEOUT, Database
+from .jobs import JobsStore
 from .mysql.database import MariaDBDatabase, MySQL5Database, MySQLDatabase
 from .mysql.mysql5 import MySQL5TaskStore
 from .mysql.tasks import MySQLTaskStore
@@ -78,6 +79,7 @@ class Store:
     db: Database
     tasks: TaskStore
     operations: OperationsStore
+    jobs: JobsStore
 
     @property
     def tables(self) -> Tables:
@@ -94,7 +96,7 @@ def open_store(
     """The stores of ``table_name`` (and our tables beside it) on ``engine``; opens nothing."""
     spec = dialect(name)
     db = spec.database(engine, Tables(table_name), statement_timeout=statement_timeout)
-    return Store(spec, db, spec.tasks(db), OperationsStore(db))
+    return Store(spec, db, spec.tasks(db), OperationsStore(db), JobsStore(db))
 
 
 register_dialect(

@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_TABLE_NAME",
     "HISTORY",
     "INSTANCES",
+    "JOBS",
     "PAUSED",
     "Tables",
     "UTCDateTime",
@@ -54,6 +55,7 @@ DEFAULT_TABLE_NAME = "scheduled_tasks"
 HISTORY = "ekbatan_execution_history"
 PAUSED = "ekbatan_paused_tasks"
 INSTANCES = "ekbatan_scheduler_instances"
+JOBS = "ekbatan_jobs"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 
 
@@ -143,8 +145,8 @@ def scheduled_tasks_table(name: str = DEFAULT_TABLE_NAME, meta: MetaData | None 
 
 
 class Tables:
-    """The four tables of one deployment: db-scheduler's under its configured name, and ours
-    (history, paused tasks, instances) in the same schema."""
+    """The tables of one deployment: db-scheduler's under its configured name, and ours
+    (history, paused tasks, instances, job definitions) in the same schema."""
 
     def __init__(self, table_name: str = DEFAULT_TABLE_NAME, meta: MetaData | None = None) -> None:
         self.meta = meta if meta is not None else MetaData()
@@ -189,15 +191,38 @@ class Tables:
             schema=schema,
         )
 
+        self.jobs = Table(
+            JOBS,
+            self.meta,
+            Column("task_name", _key(), primary_key=True),
+            Column("kind", _text(20), nullable=False),
+            Column("schedule", _text(1000)),
+            Column("fingerprint", _text(64)),
+            Column("app_version", _text(100)),
+            Column("timeout_ms", BigInteger()),
+            Column("max_concurrency", Integer()),
+            Column("keyed", Boolean(), nullable=False),
+            Column("written_by", _text(50), nullable=False),
+            Column("written_at", timestamp(), nullable=False),
+            schema=schema,
+        )
+
     @property
     def operations(self) -> tuple[Table, Table, Table]:
-        """Our own tables (migration V0002)."""
+        """Our own tables of migration V0002."""
         return (self.history, self.paused, self.instances)
+
+    @property
+    def ours(self) -> tuple[Table, ...]:
+        """Every table of ours (V0002, V0003)."""
+        return (*self.operations, self.jobs)
 
     def migration_of(self, table_name: str) -> str:
         """The shipped migration that creates ``table_name`` (for error messages)."""
         if table_name in (t.name for t in self.operations):
             return "V0002__ekbatan_operations"
+        if table_name == JOBS:
+            return "V0003__ekbatan_jobs"
         return "V0001__create_scheduled_tasks"
 
 
@@ -211,15 +236,15 @@ scheduled_tasks = Tables(DEFAULT_TABLE_NAME, metadata).tasks
 async def create_schema(
     engine: AsyncEngine, table_name: str = DEFAULT_TABLE_NAME, *, operations: bool = True
 ) -> bool:
-    """Create db-scheduler's table and (unless ``operations=False``) our operations tables
-    (execution history, paused tasks, scheduler instances), each only if it is missing.
-    True if anything was created.
+    """Create db-scheduler's table and (unless ``operations=False``) our own tables
+    (execution history, paused tasks, scheduler instances, job definitions), each only if it
+    is missing. True if anything was created.
 
-    Equivalent to applying ``migrations/<dialect>/V0001__create_scheduled_tasks.sql`` and
-    ``V0002__ekbatan_operations.sql``.
+    Equivalent to applying ``migrations/<dialect>/V0001__create_scheduled_tasks.sql``,
+    ``V0002__ekbatan_operations.sql`` and ``V0003__ekbatan_jobs.sql``.
     """
     tables = Tables(table_name)
-    wanted = [tables.tasks, *(tables.operations if operations else ())]
+    wanted = [tables.tasks, *(tables.ours if operations else ())]
 
     def create(sync_conn: Any) -> bool:
         inspector = inspect(sync_conn)

@@ -12,7 +12,15 @@ from datetime import datetime
 from html import escape
 
 from .assets import SCRIPT, STYLE
-from .views import HistoryRecord, InstanceView, JobsReport, PauseView, SchedulerView, TaskView
+from .views import (
+    HistoryRecord,
+    InstanceView,
+    JobsReport,
+    JobView,
+    PauseView,
+    SchedulerView,
+    TaskView,
+)
 
 __all__ = ["DashboardView", "relative_time", "render_dashboard"]
 
@@ -249,6 +257,41 @@ def _instances_section(report: JobsReport) -> str:
     return f"<section><h2>{_e(title)}</h2>{body}</section>"
 
 
+def _job_row(job: JobView) -> str:
+    limit = "-" if job.max_concurrency is None else str(job.max_concurrency)
+    if job.per_key and job.max_concurrency is not None:
+        limit += " per key"
+    running = f"{job.running} / {limit}" if job.max_concurrency is not None else str(job.running)
+    timed_out = (
+        _badge(f"{job.timed_out_last_day} timed out", "st-failed")
+        if job.timed_out_last_day
+        else '<span class="meta">0</span>'
+    )
+    here = "" if job.registered_here else ' <span class="meta">(another instance)</span>'
+    return (
+        "<tr>"
+        + "".join(
+            [
+                _td("Job", _e(job.name) + here, "name"),
+                _td("Kind", _e(job.kind)),
+                _td("Schedule", _e(job.schedule or "-")),
+                _td("Timeout", _e(job.timeout or "-")),
+                _td("Running / limit", _e(running)),
+                _td("Timed out (24 h)", timed_out),
+            ]
+        )
+        + "</tr>"
+    )
+
+
+def _jobs_section(report: JobsReport) -> str:
+    if not report.jobs:
+        return ""
+    headers = ["Job", "Kind", "Schedule", "Timeout", "Running / limit", "Timed out (24 h)"]
+    body = _table(headers, (_job_row(j) for j in report.jobs), "jobs")
+    return f"<section><h2>Jobs ({len(report.jobs)})</h2>{body}</section>"
+
+
 def _lag(s: SchedulerView, now: datetime | None) -> str:
     if not s.loop_lag_events:
         return "no stalls seen"
@@ -337,6 +380,7 @@ def render_dashboard(view: DashboardView, *, nonce: str) -> str:
 {_banner(report.problems, "bad", "Problems")}
 {_banner(report.warnings, "warn", "Warnings")}
 {_tasks_section(view)}
+{_jobs_section(report)}
 {_instances_section(report)}
 {_scheduler_section(scheduler, report.database_time)}
 </main>

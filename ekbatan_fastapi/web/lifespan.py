@@ -19,6 +19,7 @@ from ..domain.errors import ConfigurationError
 from ..domain.job import Job
 from ..registry import ConnectionSource, JobRegistry, SchedulerBuilder, job_registry
 from ..settings import EkbatanSettings
+from ..settings.keys import canonical_key
 from ..store.connection import ConnectionProvider
 from .dependencies import get_ekbatan_settings
 from .discovery import discover_job_classes, import_job_modules
@@ -56,9 +57,33 @@ def build_registry(
         connection if connection is not None else settings.jobs_datasource().connection_provider()
     )
 
+    jobs = list(jobs)
+    by_key: dict[str, str] = {}
+    for job in jobs:
+        key = canonical_key(job.name())
+        if key in by_key and knobs.overrides:
+            raise ConfigurationError(
+                f"jobs {by_key[key]!r} and {job.name()!r} are the same key in settings "
+                "(overrides spell job names like settings keys): rename one"
+            )
+        by_key[key] = job.name()
+    unknown = sorted(set(knobs.overrides) - set(by_key))
+    if unknown:
+        raise ConfigurationError(
+            f"ekbatan.jobs.overrides names {', '.join(map(repr, unknown))}, which no "
+            f"registered job is called; registered jobs: {', '.join(sorted(by_key.values()))}"
+        )
+
     def apply_settings(b: SchedulerBuilder) -> None:
         b.missed_heartbeats_limit(knobs.missed_heartbeats_limit)
         b.delete_unresolved_after(knobs.delete_unresolved_after)
+        b.app_version(knobs.app_version)
+        if knobs.timeout_grace is not None:
+            b.timeout_grace(knobs.timeout_grace)
+        for key, override in knobs.overrides.items():
+            b.job_override(
+                by_key[key], timeout=override.timeout, max_concurrency=override.max_concurrency
+            )
         if knobs.metrics:
             from ..metrics import EkbatanMetrics
 

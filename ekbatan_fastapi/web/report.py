@@ -25,6 +25,7 @@ from .views import (
     HistoryRecord,
     InstanceView,
     JobsReport,
+    JobView,
     PauseView,
     SchedulerView,
     TaskView,
@@ -35,6 +36,7 @@ __all__ = [
     "describe_failure",
     "history_record",
     "instance_view",
+    "job_views",
     "pause_view",
     "scheduler_view",
     "task_view",
@@ -233,6 +235,7 @@ async def build_report(
                 f"{task.name}/{task.instance} is dead: picked by {task.picked_by}, last "
                 f"heartbeat {_age(task.heartbeat_age_seconds)}; it will be revived and run again"
             )
+    jobs = await job_views(state, name, warnings) if now is not None else []
     scheduler = scheduler_view(state)
     return JobsReport(
         healthy=not problems,
@@ -242,8 +245,54 @@ async def build_report(
         tasks=tasks,
         paused=[pause_view(p) for n, p in sorted(pauses.items()) if name is None or n == name],
         instances=[instance_view(i, now, scheduler.name) for i in instances],
+        jobs=jobs,
         warnings=warnings,
     )
+
+
+async def job_views(state: EkbatanState, name: str | None, warnings: list[str]) -> list[JobView]:
+    """Every job of the cluster (registered here, or in ``ekbatan_jobs`` by another instance),
+    with the executions running now and those timed out in the last day. What cannot be read
+    only adds a warning."""
+    client = state.client
+    try:
+        definitions = await client.job_definitions()
+        running = await client.running_counts()
+        timed_out = await client.timed_out_counts()
+    except Exception as error:
+        warnings.append(f"the job summary could not be read: {describe_failure(error)}")
+        return []
+    registry = state.registry
+    views: dict[str, JobView] = {}
+    for definition in definitions.values():
+        views[definition.task_name] = JobView(
+            name=definition.task_name,
+            kind="recurring" if definition.kind == "recurring" else "one-time",
+            schedule=definition.schedule,
+            timeout=format_iso_duration(definition.timeout) if definition.timeout else None,
+            max_concurrency=definition.max_concurrency,
+            per_key=definition.keyed,
+            running=running.get(definition.task_name, 0),
+            timed_out_last_day=timed_out.get(definition.task_name, 0),
+            registered_here=False,
+            app_version=definition.app_version,
+        )
+    for job_name, job in registry.jobs.items():  # this instance's own view wins
+        limits = registry.scheduler.limits[job_name]
+        stored = definitions.get(job_name)
+        views[job_name] = JobView(
+            name=job_name,
+            kind="recurring" if isinstance(job, DistributedJob) else "one-time",
+            schedule=job.schedule().describe() if isinstance(job, DistributedJob) else None,
+            timeout=format_iso_duration(limits.timeout) if limits.timeout else None,
+            max_concurrency=limits.max_concurrency,
+            per_key=limits.concurrency_key is not None,
+            running=running.get(job_name, 0),
+            timed_out_last_day=timed_out.get(job_name, 0),
+            registered_here=True,
+            app_version=stored.app_version if stored is not None else registry.config.app_version,
+        )
+    return [v for n, v in sorted(views.items()) if name is None or n == name]
 
 
 def _age(seconds: float | None) -> str:

@@ -14,6 +14,7 @@ __all__ = [
     "HistoryPage",
     "HistoryRecord",
     "InstanceView",
+    "JobView",
     "JobsReport",
     "PauseResult",
     "PauseView",
@@ -131,6 +132,23 @@ class InstanceView(BaseModel):
     this_instance: bool = Field(default=False, description="the instance that answered")
 
 
+class JobView(BaseModel):
+    """One job of the cluster: what it is and how many of its executions run now."""
+
+    name: str
+    kind: Literal["recurring", "one-time"]
+    schedule: str | None = Field(description="recurring jobs: db-scheduler's form")
+    timeout: str | None = Field(description="ISO-8601; null: no limit")
+    max_concurrency: int | None = Field(description="cluster-wide limit; null: none")
+    per_key: bool = Field(description="the limit applies per concurrency_key")
+    running: int = Field(description="executions running now, cluster-wide")
+    timed_out_last_day: int = Field(description="executions past their timeout, last 24 h")
+    registered_here: bool = Field(description="the instance that answered runs this job")
+    app_version: str | None = Field(
+        default=None, description="the application version that registered it last"
+    )
+
+
 class JobsReport(BaseModel):
     """``GET /jobs``: the cluster's tasks and this instance's scheduler.
 
@@ -150,6 +168,11 @@ class JobsReport(BaseModel):
     instances: list[InstanceView] = Field(
         default_factory=list,
         description="the cluster's scheduler instances, alive or last seen too long ago",
+    )
+    jobs: list[JobView] = Field(
+        default_factory=list,
+        description="every job of the cluster (registered here, or by another instance in "
+        "ekbatan_jobs): timeout, concurrency limit, running now, timed out",
     )
     warnings: list[str] = Field(
         default_factory=list,
@@ -179,8 +202,8 @@ class HistoryRecord(BaseModel):
     duration_seconds: float
     outcome: str = Field(
         description=(
-            "succeeded; failed; superseded: its row was revived elsewhere meanwhile; "
-            "cancelled: at shutdown"
+            "succeeded; failed; timed_out: ran past its job's timeout (a failure); "
+            "superseded: its row was revived elsewhere meanwhile; cancelled: at shutdown"
         )
     )
     error_class: str | None

@@ -89,6 +89,11 @@ class MySQLDatabase(Database):
     def commit_guard_reset(self) -> list[Executable]:
         return [text("SET SESSION wait_timeout = DEFAULT")]
 
+    def upsert_many(self, table: Table, rows: list[dict[str, Any]]) -> Executable:
+        key = {c.name for c in table.primary_key.columns}
+        stmt = mysql.insert(table).values(rows)
+        return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in rows[0] if c not in key})
+
     def upsert(self, table: Table, values: dict[str, Any], update: dict[str, Any]) -> Executable:
         return mysql.insert(table).values(values).on_duplicate_key_update(update)
 

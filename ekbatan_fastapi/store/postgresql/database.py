@@ -49,6 +49,14 @@ class PostgresDatabase(Database):
         milliseconds = max(1, int(seconds * 1000))
         return [text(f"SET LOCAL idle_in_transaction_session_timeout = {milliseconds}")]
 
+    def upsert_many(self, table: Table, rows: list[dict[str, Any]]) -> Executable:
+        key = [c.name for c in table.primary_key.columns]
+        stmt = postgresql.insert(table).values(rows)
+        columns = [c for c in rows[0] if c not in key]
+        return stmt.on_conflict_do_update(
+            index_elements=key, set_={c: stmt.excluded[c] for c in columns}
+        )
+
     def upsert(self, table: Table, values: dict[str, Any], update: dict[str, Any]) -> Executable:
         """Insert ``values``; on a key conflict set ``update`` instead."""
         key: Sequence[str] = [c.name for c in table.primary_key.columns]

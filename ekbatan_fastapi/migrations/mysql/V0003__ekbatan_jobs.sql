@@ -1,0 +1,18 @@
+-- ekbatan-fastapi's registry of job definitions for MySQL 8+: what each job is (kind,
+-- schedule and its fingerprint, timeout, concurrency limit) and which application version
+-- wrote it. Timestamps are datetime(6) holding UTC, as in V0001; the lengths match
+-- ekbatan_fastapi/store/tables.py.
+
+CREATE TABLE ekbatan_jobs (
+    task_name       VARCHAR(100)  NOT NULL,
+    kind            VARCHAR(20)   NOT NULL,
+    schedule        VARCHAR(1000),
+    fingerprint     VARCHAR(64),
+    app_version     VARCHAR(100),
+    timeout_ms      BIGINT,
+    max_concurrency INT,
+    keyed           BOOLEAN       NOT NULL,
+    written_by      VARCHAR(50)   NOT NULL,
+    written_at      DATETIME(6)   NOT NULL,
+    PRIMARY KEY (task_name)
+);

@@ -1,0 +1,120 @@
+"""``JobsStore``: the job definitions (``ekbatan_jobs``, migration V0003) and the per-job
+counts ``/jobs`` and the CLI show: executions running now, executions timed out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, inspect, select
+
+from ..domain.records import JobDefinition, Outcome
+from .database import Database, aware
+
+__all__ = ["JobsStore"]
+
+_RECHECK_MISSING = 30.0
+_BATCH = 1000
+
+
+class JobsStore:
+    """Reads and writes ``ekbatan_jobs``; counts per job from the other tables."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.table = db.tables.jobs
+        self._present = False
+        self._checked_at = -_RECHECK_MISSING
+
+    @property
+    def present(self) -> bool:
+        return self._present
+
+    async def look(self) -> bool:
+        """True when the table exists (looked up again at most every 30 s while missing)."""
+        if self._present:
+            return True
+        now = time.monotonic()
+        if now - self._checked_at < _RECHECK_MISSING:
+            return False
+        self._checked_at = now
+        table = self.table
+
+        def check(sync_conn: Any) -> bool:
+            return bool(inspect(sync_conn).has_table(table.name, schema=table.schema))
+
+        async with self.db.connect() as conn:
+            self._present = bool(await conn.run_sync(check))
+        return self._present
+
+    async def write(self, definitions: Sequence[JobDefinition]) -> None:
+        """Create or replace these definitions (``written_at`` = the database's now)."""
+        now = self.db.now_expr()
+        for start in range(0, len(definitions), _BATCH):
+            rows = []
+            for d in definitions[start : start + _BATCH]:
+                rows.append(
+                    {
+                        "task_name": d.task_name,
+                        "kind": d.kind,
+                        "schedule": d.schedule[:1000] if d.schedule else None,
+                        "fingerprint": d.fingerprint,
+                        "app_version": d.app_version[:100] if d.app_version else None,
+                        "timeout_ms": (
+                            d.timeout // timedelta(milliseconds=1)
+                            if d.timeout is not None
+                            else None
+                        ),
+                        "max_concurrency": d.max_concurrency,
+                        "keyed": d.keyed,
+                        "written_by": d.written_by,
+                        "written_at": now,
+                    }
+                )
+            await self.db.rowcount(self.db.upsert_many(self.table, rows))
+
+    async def definitions(self, names: Sequence[str] | None = None) -> dict[str, JobDefinition]:
+        """The stored definitions (of ``names``, or all), by task name."""
+        j = self.table
+        stmt = select(j)
+        if names is not None:
+            stmt = stmt.where(j.c.task_name.in_(list(names)))
+        result = {}
+        for r in await self.db.rows(stmt):
+            written_at = aware(r.written_at)
+            assert written_at is not None
+            result[r.task_name] = JobDefinition(
+                task_name=r.task_name,
+                kind=r.kind,
+                schedule=r.schedule,
+                fingerprint=r.fingerprint,
+                app_version=r.app_version,
+                timeout=(
+                    timedelta(milliseconds=r.timeout_ms) if r.timeout_ms is not None else None
+                ),
+                max_concurrency=r.max_concurrency,
+                keyed=bool(r.keyed),
+                written_by=r.written_by,
+                written_at=written_at,
+            )
+        return result
+
+    async def running(self) -> dict[str, int]:
+        """Executions running now (picked rows), by task name, cluster-wide."""
+        t = self.db.tables.tasks
+        rows = await self.db.rows(
+            select(t.c.task_name, func.count()).where(t.c.picked.is_(True)).group_by(t.c.task_name)
+        )
+        return {str(name): int(count) for name, count in rows}
+
+    async def timed_out_since(self, since: datetime) -> dict[str, int]:
+        """Executions that timed out since ``since`` (from the history), by task name."""
+        h = self.db.tables.history
+        rows = await self.db.rows(
+            select(h.c.task_name, func.count())
+            .where(h.c.outcome == Outcome.TIMED_OUT.value, h.c.finished_at >= since)
+            .group_by(h.c.task_name)
+        )
+        return {str(name): int(count) for name, count in rows}
