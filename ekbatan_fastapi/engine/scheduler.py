@@ -101,7 +101,7 @@ class Scheduler:
         self.batch_size = config.batch_size or max(50, 3 * len(self.jobs))
         self.observer = ObserverDispatch(config.observers, self.name)
         self.state = RunState()
-        self.link = DatabaseLink(self.name, self.clock, self.observer)
+        self.link = DatabaseLink(self.name, self.clock, self.observer, store.db.diagnose)
         self.alarm = Alarm(self.link, lambda: self.state.stopping)
         self.executions = RunningExecutions(self.batch_size, self.alarm.request_poll)
         self.recorder = HistoryRecorder(
@@ -355,7 +355,7 @@ class Scheduler:
                     delay,
                     extra={"scheduler": self.name},
                 )
-                self.link.last_error = f"{name} loop crashed (restarted)"
+                self.link.report("loop-crashed", f"{name} loop crashed (restarted)")
                 await asyncio.sleep(delay)
 
     # -- reporting -------------------------------------------------------------------------
@@ -368,7 +368,10 @@ class Scheduler:
             ready=self.state.ready.is_set(),
             stopping=self.state.stopping,
             database_reachable=self.link.reachable,
+            condition=self.link.condition,
+            condition_since=self.link.condition_since,
             last_error=self.link.last_error,
+            last_error_at=self.link.last_error_at,
             last_successful_poll=self.state.last_poll,
             polling_strategy=self.polling_strategy,
             batch_size=self.batch_size,

@@ -65,7 +65,7 @@ class Startup:
                     await self.history.report_instance(self.state.started_at or self.link.now())
             except SchemaMissingError as error:
                 self.link.answered()
-                self.link.last_error = str(error)
+                self.link.report("schema-missing", str(error))
                 log.error("scheduler %s: %s", self.name, error, extra={"scheduler": self.name})
             except Exception as error:
                 self.link.failed(error, "startup")

@@ -11,6 +11,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
 from typing import Any
 
 from starlette.applications import Starlette
@@ -19,7 +20,7 @@ from ..domain.errors import ConfigurationError
 from ..domain.job import Job
 from ..registry import ConnectionSource, JobRegistry, SchedulerBuilder, job_registry
 from ..settings import EkbatanSettings
-from ..store.connection import ConnectionProvider
+from ..store.connection import DEFAULT_POOL_SIZE, ConnectionProvider
 from .dependencies import get_ekbatan_settings
 from .discovery import discover_job_classes, import_job_modules
 from .resolver import DependencyResolver
@@ -52,13 +53,21 @@ def build_registry(
     last and may override any setting (``b.missed_heartbeats_limit(8)``, ``b.dialect(...)``).
     """
     knobs = settings.jobs
-    source: ConnectionSource = (
-        connection if connection is not None else settings.jobs_datasource().connection_provider()
-    )
+    pool_size = DEFAULT_POOL_SIZE
+    source: ConnectionSource
+    if connection is not None:
+        source = connection
+    else:
+        datasource = settings.jobs_datasource()
+        source, pool_size = datasource.sqlalchemy_url(), datasource.maximum_pool_size
 
     def apply_settings(b: SchedulerBuilder) -> None:
         b.missed_heartbeats_limit(knobs.missed_heartbeats_limit)
         b.delete_unresolved_after(knobs.delete_unresolved_after)
+        b.pooler(knobs.pooler)
+        bound = knobs.idle_transaction_timeout
+        b.idle_transaction_timeout(bound if bound > timedelta(0) else None)
+        b.shutdown_results_wait(knobs.shutdown_results_wait)
         if knobs.metrics:
             from ..metrics import EkbatanMetrics
 
@@ -66,7 +75,7 @@ def build_registry(
 
     builder = (
         job_registry()
-        .connection_provider(source)
+        .connection_provider(source, pool_size=pool_size)
         .with_jobs(jobs)
         .poll_interval(knobs.polling_interval)
         .heartbeat_interval(knobs.heartbeat_interval)
