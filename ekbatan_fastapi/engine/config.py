@@ -50,7 +50,8 @@ class SchedulerConfig:
     their results and history (and, before the executions' wait, to answer the poller's last
     claim). What is still unrecorded then is left: those rows stay picked and are revived
     after the dead window, like an abandoned execution. It keeps a stop with the database
-    down within a pod's grace period (docs/deployment.md)."""
+    down within a pod's grace period (docs/deployment.md). Never longer than
+    ``shutdown_max_wait``."""
     delete_unresolved_after: timedelta = timedelta(days=14)
     polling_strategy: PollingStrategy | str | None = None
     """None: lock-and-fetch where the dialect has SKIP LOCKED, fetch otherwise."""

@@ -287,20 +287,31 @@ class Scheduler:
             return
         self.state.stopping = True
         self.alarm.request_poll()
-        drain = max(self.config.shutdown_max_wait.total_seconds(), 1.0)
+        results_wait = min(
+            self.config.shutdown_results_wait, self.config.shutdown_max_wait
+        ).total_seconds()
         await self._cancel("listener")
-        # The poller is not cancelled: a claim interrupted mid-statement may have committed
-        # and its rows would stay picked, run by nobody. Woken above, it finishes its statement,
-        # starts what it claimed (waited for below like any execution) and returns.
-        await self._drain("poller", timeout=drain)
+        # The poller is not cancelled at once: a claim interrupted mid-statement may have
+        # committed and its rows would stay picked, run by nobody until revived. Woken above,
+        # it finishes its statement, starts what it claimed (waited for below like any
+        # execution) and returns; a database that does not answer gets shutdown_results_wait.
+        await self._drain("poller", timeout=results_wait)
         await self.executor.drain(self.config.shutdown_max_wait)
+        # Recording the last results, their history and leaving share shutdown_results_wait:
+        # with the database down, a stop must still fit a pod's grace period. What is left
+        # unrecorded is revived after the dead window, like an abandoned execution.
+        deadline = asyncio.get_running_loop().time() + results_wait
         self.completer.close()
-        await self._drain("completer", timeout=drain)
+        await self._drain("completer", timeout=self._left(deadline))
         self.recorder.close()
-        await self._drain("history writer", timeout=drain)
-        await self._leave(drain)
+        await self._drain("history writer", timeout=self._left(deadline))
+        await self._leave(self._left(deadline))
         self.executor.close()
         log.info("scheduler %s stopped", self.name, extra={"scheduler": self.name})
+
+    @staticmethod
+    def _left(deadline: float) -> float:
+        return max(deadline - asyncio.get_running_loop().time(), 0.01)
 
     async def _leave(self, timeout: float) -> None:
         """Nothing runs any more: heartbeats can stop. Removing this instance's row is cosmetic
@@ -323,7 +334,14 @@ class Scheduler:
             await asyncio.wait_for(asyncio.shield(task), timeout=timeout)
         except TimeoutError:
             task.cancel()
-            log.warning("scheduler %s: the %s did not finish in %.0fs", self.name, name, timeout)
+            await asyncio.wait({task}, timeout=1.0)  # its statement's connection is discarded
+            log.warning(
+                "scheduler %s: the %s did not finish in %.1fs (shutdown_results_wait); what it "
+                "had not recorded is revived after the dead window",
+                self.name,
+                name,
+                timeout,
+            )
 
     async def _cancel(self, *names: str) -> None:
         """Cancel the named loops all at once, then wait for them: a loop cancelled in a
