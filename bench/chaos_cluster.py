@@ -45,6 +45,10 @@ class _Link:
         self.client = client
         self.upstream: asyncio.StreamWriter | None = None
         self.frozen = False
+        self.hold_answer = 0.0
+        """Seconds to hold the next answer back (a statement ``delay_answer`` matched)."""
+        self.armed: tuple[float, int] | None = None
+        """A matched delay: its seconds, and how many more requests pass before it."""
         self.tasks: list[asyncio.Task[None]] = []
 
     def abort(self) -> None:
@@ -82,6 +86,10 @@ class Proxy:
         self._links: set[_Link] = set()
         self._holes = False
         self._never = asyncio.Event()
+        self._delays: list[tuple[bytes, float, int]] = []
+        self._freeze_after: list[bytes] = []
+        self.matched: list[float] = []
+        """When a ``delay_answer`` or ``blackhole_after`` pattern was seen (event-loop time)."""
 
     async def start(self) -> None:
         """Listen (again) and forward new connections."""
@@ -101,6 +109,19 @@ class Proxy:
         self._holes = True
         for link in self._links:
             link.frozen = True
+
+    def delay_answer(self, pattern: bytes, seconds: float, *, skip: int = 0) -> None:
+        """Once: the answer to the next request containing ``pattern`` (or, with ``skip``,
+        to the request that many requests after it: asyncpg sends a new statement's Parse and
+        waits for its description before it sends Bind/Execute) arrives ``seconds`` late;
+        the request itself goes through at once and executes: a slow network, whose client
+        gives up on the statement while the server has done it."""
+        self._delays.append((pattern, seconds, skip))
+
+    def blackhole_after(self, pattern: bytes) -> None:
+        """Once: the next request containing ``pattern`` goes through and executes, and from
+        then on that connection forwards nothing (a partition right after the statement)."""
+        self._freeze_after.append(pattern)
 
     async def heal(self, *, reset: bool) -> None:
         """End a black hole: new connections work; old ones are reset, or stay silent."""
@@ -135,13 +156,22 @@ class Proxy:
             return
         link.upstream = up_writer
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, requests: bool
+        ) -> None:
             try:
                 while data := await src.read(65536):
                     if link.frozen:
                         await self._never.wait()  # swallowed; ended by an abort
+                    if requests:
+                        self._match(link, data)
+                    elif link.hold_answer:
+                        held, link.hold_answer = link.hold_answer, 0.0
+                        await asyncio.sleep(held)
                     dst.write(data)
                     await dst.drain()
+                    if requests and link.frozen:
+                        await self._never.wait()
             except (ConnectionError, asyncio.CancelledError):
                 pass
             finally:
@@ -149,8 +179,34 @@ class Proxy:
                     dst.close()
                     self._links.discard(link)
 
-        for coro in (pipe(reader, up_writer), pipe(up_reader, writer)):
+        for coro in (
+            pipe(reader, up_writer, requests=True),
+            pipe(up_reader, writer, requests=False),
+        ):
             link.tasks.append(asyncio.create_task(coro))
+
+    def _match(self, link: _Link, data: bytes) -> None:
+        if link.armed is not None:
+            seconds, skip = link.armed
+            link.armed = (seconds, skip - 1) if skip > 1 else None
+            if skip == 1:
+                link.hold_answer = seconds
+            return
+        for entry in self._delays:
+            if entry[0] in data:
+                self._delays.remove(entry)
+                if entry[2]:
+                    link.armed = (entry[1], entry[2])
+                else:
+                    link.hold_answer = entry[1]
+                self.matched.append(asyncio.get_running_loop().time())
+                return
+        for pattern in self._freeze_after:
+            if pattern in data:
+                self._freeze_after.remove(pattern)
+                link.frozen = True  # this request still goes through; nothing after it
+                self.matched.append(asyncio.get_running_loop().time())
+                return
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,6 +108,7 @@ class Housekeeper:
             for execution in executions:
                 self._heartbeat_failed(execution)
             return
+        self.link.answered()
         for execution in executions:
             if execution.row.key in alive:
                 execution.heartbeat.record_success()
@@ -134,6 +135,7 @@ class Housekeeper:
         except Exception as error:
             self.link.failed(error, "dead-execution check")
             return
+        self.link.answered()
         self.next_death = revival.next_death
         for row in revival.revived:
             if self.observer.active:
