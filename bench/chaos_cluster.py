@@ -256,7 +256,8 @@ class Fault:
     """One injected fault: what, on which processes, from when to when (epoch seconds)."""
 
     kind: str
-    """kill, stop, partition, blackhole, outage, restart, absent, terminate, block, lock, skew"""
+    """kill, stop, partition, blackhole, outage, restart, absent, terminate, block, lock, skew,
+    failover, fence, delay"""
     targets: list[str]
     pids: list[int]
     began: float
@@ -265,7 +266,7 @@ class Fault:
 
     @property
     def everyone(self) -> bool:
-        return self.kind in ("outage", "restart", "absent", "blackhole-all")
+        return self.kind in ("outage", "restart", "absent", "blackhole-all", "failover", "fence")
 
 
 @dataclasses.dataclass
@@ -294,8 +295,16 @@ class Cluster:
         recurring: int,
         deadline: float,
         dialect: str | None = None,
+        direct: bool = False,
+        pooler: str | None = None,
+        statement_timeout: float | None = None,
     ) -> None:
         self.database_url = database_url
+        self.direct = direct
+        """Processes connect to ``database_url`` itself (a multi-host URL), not to a proxy."""
+        self.pooler = pooler
+        self.statement_timeout = statement_timeout
+        """Of the plain processes (None: the library's default)."""
         self.run_dir = run_dir
         self.knobs = knobs
         self.recurring = recurring
@@ -330,8 +339,14 @@ class Cluster:
 
     def _proxy(self, label: str) -> Proxy:
         if label not in self.proxies:
-            self.proxies[label] = Proxy(self.database_url)
+            # a direct cluster's proxies are never started (a multi-host URL has no one target)
+            self.proxies[label] = Proxy(
+                "postgresql://127.0.0.1/x" if self.direct else self.database_url
+            )
         return self.proxies[label]
+
+    def _url(self, proxy: Proxy) -> str:
+        return self.database_url if self.direct else proxy.url
 
     async def start_plain(
         self,
@@ -344,14 +359,14 @@ class Cluster:
     ) -> Node:
         """``python -m bench.chaos_worker``; waits for its ``STARTED`` or ``READY`` line."""
         proxy = self._proxy(label)
-        if not self.faulted_everyone():
+        if not self.faulted_everyone() and not self.direct:
             await proxy.start()
         k = self.knobs
         args = [
             sys.executable,
             "-m",
             "bench.chaos_worker",
-            proxy.url,
+            self._url(proxy),
             "--name",
             label,
             "--poll",
@@ -367,6 +382,10 @@ class Cluster:
         ]
         if self.dialect:
             args += ["--dialect", self.dialect]
+        if self.pooler:
+            args += ["--pooler", self.pooler]
+        if self.statement_timeout is not None:
+            args += ["--statement-timeout", repr(self.statement_timeout)]
         log = self.log_dir / f"{label}-{len(self.history)}.log"
         with log.open("wb") as log_file:
             process = await asyncio.create_subprocess_exec(
@@ -402,14 +421,16 @@ class Cluster:
     ) -> Node:
         """``python -m example_app --port N`` with the chaos jobs added by discovery."""
         proxy = self._proxy(label)
-        if not self.faulted_everyone():
+        if not self.faulted_everyone() and not self.direct:
             await proxy.start()
         k = self.knobs
         port = free_port()
         env = self._env(label, extras)
+        if self.pooler:
+            env["EKBATAN_JOBS__POOLER"] = self.pooler
         env.update(
             {
-                JOBS_URL_ENV: proxy.url,
+                JOBS_URL_ENV: self._url(proxy),
                 "EKBATAN_JOBS__MODULES": "bench.chaos_jobs",
                 "EKBATAN_JOBS__POLLING_INTERVAL": _iso(k.poll),
                 "EKBATAN_JOBS__HEARTBEAT_INTERVAL": _iso(k.heartbeat),

@@ -256,15 +256,17 @@ class Pair:
 
 _OPTIONS = (
     "-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={sock} "
-    "-c max_connections=100 -c fsync=off -c synchronous_commit=off -c autovacuum=off "
+    "-c max_connections=100 -c fsync=off -c autovacuum=off "
     "-c wal_level=replica -c max_wal_senders=5 -c hot_standby=on -c wal_keep_size=64MB"
 )
 
 
 @contextlib.contextmanager
-def primary_and_replica() -> Iterator[Pair]:
+def primary_and_replica(*, synchronous: bool = False) -> Iterator[Pair]:
     """A private primary (trust authentication, loopback only) and its ``pg_basebackup -R``
-    replica, both started; stopped and deleted afterwards (thawed first if frozen)."""
+    replica, both started; stopped and deleted afterwards (thawed first if frozen).
+    ``synchronous``: a commit is acknowledged once the replica has it (what an HA setup that
+    must not lose acknowledged commits runs, e.g. Patroni's synchronous mode)."""
     if not have_pg15():
         raise RuntimeError(f"needs PostgreSQL 15's binaries in {PG15_BIN} and runuser")
     base = Path(tempfile.mkdtemp(prefix="ekbatan-ha-"))
@@ -316,6 +318,9 @@ def primary_and_replica() -> Iterator[Pair]:
         options = _OPTIONS.format(port=replica.port, sock=sock)
         replica.pg_ctl("-l", str(replica.log), "-w", "-t", "60", "-o", options, "start")
         started.append(replica)
+        if synchronous:
+            primary.psql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            primary.psql("SELECT pg_reload_conf()")
         yield pair
     finally:
         pair.thaw()
