@@ -42,6 +42,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from bench.chaos_audit import Audit, AuditInput, audit, load_ledger
 from bench.chaos_cluster import Cluster, Knobs
@@ -60,6 +61,7 @@ from bench.chaos_scenarios import Run, Scenario, fault_line
 from bench.throughput import check_local, fresh_database
 from ekbatan_fastapi import JobRegistry, create_schema, job_registry
 from ekbatan_fastapi.domain.durations import format_iso_duration
+from ekbatan_fastapi.store.postgresql.connect import HostConnector
 
 __all__ = ["DEPLOYMENTS", "SCENARIOS", "ScenarioResult", "main", "run_scenario"]
 
@@ -168,7 +170,14 @@ async def _run(
 ) -> ScenarioResult:
     name = scenario.name
     began = time.monotonic()
-    engine = create_async_engine(deployment.admin_url, pool_size=2, pool_pre_ping=True)
+    # a connect timeout per host: the harness itself must get past a frozen primary
+    engine = create_async_engine(
+        deployment.admin_url,
+        poolclass=NullPool,
+        connect_args={"async_creator_fn": HostConnector(), "timeout": 5}
+        if make_url(deployment.admin_url).get_backend_name() == "postgresql"
+        else {},
+    )
     control = _control(deployment.admin_url)
     budget = 150.0 if short else 900.0
     try:
