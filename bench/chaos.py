@@ -42,9 +42,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from bench.chaos_audit import Audit, AuditInput, audit, load_ledger
 from bench.chaos_cluster import Cluster, Knobs
+from bench.chaos_deploy import DEPLOYMENTS, Deployment
 from bench.chaos_effects import EFFECT_SCENARIOS, create_effects_table
 from bench.chaos_jobs import (
     ChaosBlock,
@@ -59,8 +61,9 @@ from bench.chaos_scenarios import Run, Scenario, fault_line
 from bench.throughput import check_local, fresh_database
 from ekbatan_fastapi import JobRegistry, create_schema, job_registry
 from ekbatan_fastapi.domain.durations import format_iso_duration
+from ekbatan_fastapi.store.postgresql.connect import HostConnector
 
-__all__ = ["SCENARIOS", "ScenarioResult", "main", "run_scenario"]
+__all__ = ["DEPLOYMENTS", "SCENARIOS", "ScenarioResult", "main", "run_scenario"]
 
 SCENARIOS: dict[str, Scenario] = {**_FAULT_SCENARIOS, **EFFECT_SCENARIOS}
 
@@ -140,23 +143,60 @@ async def run_scenario(
     command: str | None = None,
     verbose: bool = True,
 ) -> ScenarioResult:
-    """Run one scenario on ``database_url`` (an empty database) and audit it."""
-    scenario = SCENARIOS[name]
+    """Run one scenario on ``database_url`` (an empty database) and audit it; a deployment
+    scenario (``DEPLOYMENTS``) first puts its components in place (PgBouncer in front of it,
+    or a primary and replica of its own)."""
+    if name in DEPLOYMENTS:
+        scenario, setup = DEPLOYMENTS[name]
+        async with setup(database_url) as deployment:
+            return await _run(
+                scenario, short, deployment, run_dir, seed, restart_server, command, verbose
+            )
+    plain = Deployment(database_url, database_url)
+    return await _run(
+        SCENARIOS[name], short, plain, run_dir, seed, restart_server, command, verbose
+    )
+
+
+async def _run(
+    scenario: Scenario,
+    short: bool,
+    deployment: Deployment,
+    run_dir: Path,
+    seed: int,
+    restart_server: Callable[[float], Awaitable[None]] | None,
+    command: str | None,
+    verbose: bool,
+) -> ScenarioResult:
+    name = scenario.name
     began = time.monotonic()
-    engine = create_async_engine(database_url, pool_size=2, pool_pre_ping=True)
-    control = _control(database_url)
+    # a connect timeout per host: the harness itself must get past a frozen primary
+    engine = create_async_engine(
+        deployment.admin_url,
+        poolclass=NullPool,
+        connect_args={"async_creator_fn": HostConnector(), "timeout": 5}
+        if make_url(deployment.admin_url).get_backend_name() == "postgresql"
+        else {},
+    )
+    control = _control(deployment.admin_url)
     budget = 150.0 if short else 900.0
     try:
         await _prepare(engine)
         version = await _server_version(engine)
         cluster = Cluster(
-            database_url,
+            deployment.url,
             run_dir,
             KNOBS,
             recurring=scenario.recurring,
             deadline=time.time() + budget + 60,
+            direct=deployment.direct,
+            pooler=deployment.pooler,
+            statement_timeout=deployment.statement_timeout,
         )
         run = Run(cluster, control.client, engine, short, random.Random(seed), restart_server)
+        run.facts["deployment"] = deployment
+        if deployment.description:
+            run.notes.append(f"deployment: {deployment.description}")
         error: str | None = None
         try:
             async with asyncio.timeout(budget):
@@ -398,6 +438,9 @@ async def _own_server() -> AsyncIterator[tuple[str, Callable[[float], Awaitable[
 
 async def _main(args: argparse.Namespace) -> int:
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    if args.scenario == "deployments":
+        mysql = args.url and make_url(args.url).get_backend_name() in ("mysql", "mariadb")
+        names = [n for n in DEPLOYMENTS if (n == "mariadb-orphan") == bool(mysql)]
     results: list[ScenarioResult] = []
     async with contextlib.AsyncExitStack() as stack:
         restart: Callable[[float], Awaitable[None]] | None = None
@@ -441,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python bench/chaos.py", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    parser.add_argument("scenario", choices=[*SCENARIOS, *DEPLOYMENTS, "all", "deployments"])
     parser.add_argument("--short", action="store_true", help="the short version (as in the tests)")
     parser.add_argument("--url", help="a database server on this machine (default: embedded)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the choice of victims")

@@ -45,6 +45,10 @@ class _Link:
         self.client = client
         self.upstream: asyncio.StreamWriter | None = None
         self.frozen = False
+        self.hold_answer = 0.0
+        """Seconds to hold the next answer back (a statement ``delay_answer`` matched)."""
+        self.armed: tuple[float, int] | None = None
+        """A matched delay: its seconds, and how many more requests pass before it."""
         self.tasks: list[asyncio.Task[None]] = []
 
     def abort(self) -> None:
@@ -82,6 +86,10 @@ class Proxy:
         self._links: set[_Link] = set()
         self._holes = False
         self._never = asyncio.Event()
+        self._delays: list[tuple[bytes, float, int]] = []
+        self._freeze_after: list[bytes] = []
+        self.matched: list[float] = []
+        """When a ``delay_answer`` or ``blackhole_after`` pattern was seen (event-loop time)."""
 
     async def start(self) -> None:
         """Listen (again) and forward new connections."""
@@ -101,6 +109,19 @@ class Proxy:
         self._holes = True
         for link in self._links:
             link.frozen = True
+
+    def delay_answer(self, pattern: bytes, seconds: float, *, skip: int = 0) -> None:
+        """Once: the answer to the next request containing ``pattern`` (or, with ``skip``,
+        to the request that many requests after it: asyncpg sends a new statement's Parse and
+        waits for its description before it sends Bind/Execute) arrives ``seconds`` late;
+        the request itself goes through at once and executes: a slow network, whose client
+        gives up on the statement while the server has done it."""
+        self._delays.append((pattern, seconds, skip))
+
+    def blackhole_after(self, pattern: bytes) -> None:
+        """Once: the next request containing ``pattern`` goes through and executes, and from
+        then on that connection forwards nothing (a partition right after the statement)."""
+        self._freeze_after.append(pattern)
 
     async def heal(self, *, reset: bool) -> None:
         """End a black hole: new connections work; old ones are reset, or stay silent."""
@@ -135,13 +156,22 @@ class Proxy:
             return
         link.upstream = up_writer
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, requests: bool
+        ) -> None:
             try:
                 while data := await src.read(65536):
                     if link.frozen:
                         await self._never.wait()  # swallowed; ended by an abort
+                    if requests:
+                        self._match(link, data)
+                    elif link.hold_answer:
+                        held, link.hold_answer = link.hold_answer, 0.0
+                        await asyncio.sleep(held)
                     dst.write(data)
                     await dst.drain()
+                    if requests and link.frozen:
+                        await self._never.wait()
             except (ConnectionError, asyncio.CancelledError):
                 pass
             finally:
@@ -149,8 +179,34 @@ class Proxy:
                     dst.close()
                     self._links.discard(link)
 
-        for coro in (pipe(reader, up_writer), pipe(up_reader, writer)):
+        for coro in (
+            pipe(reader, up_writer, requests=True),
+            pipe(up_reader, writer, requests=False),
+        ):
             link.tasks.append(asyncio.create_task(coro))
+
+    def _match(self, link: _Link, data: bytes) -> None:
+        if link.armed is not None:
+            seconds, skip = link.armed
+            link.armed = (seconds, skip - 1) if skip > 1 else None
+            if skip == 1:
+                link.hold_answer = seconds
+            return
+        for entry in self._delays:
+            if entry[0] in data:
+                self._delays.remove(entry)
+                if entry[2]:
+                    link.armed = (entry[1], entry[2])
+                else:
+                    link.hold_answer = entry[1]
+                self.matched.append(asyncio.get_running_loop().time())
+                return
+        for pattern in self._freeze_after:
+            if pattern in data:
+                self._freeze_after.remove(pattern)
+                link.frozen = True  # this request still goes through; nothing after it
+                self.matched.append(asyncio.get_running_loop().time())
+                return
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +256,8 @@ class Fault:
     """One injected fault: what, on which processes, from when to when (epoch seconds)."""
 
     kind: str
-    """kill, stop, partition, blackhole, outage, restart, absent, terminate, block, lock, skew"""
+    """kill, stop, partition, blackhole, outage, restart, absent, terminate, block, lock, skew,
+    failover, fence, delay"""
     targets: list[str]
     pids: list[int]
     began: float
@@ -209,7 +266,7 @@ class Fault:
 
     @property
     def everyone(self) -> bool:
-        return self.kind in ("outage", "restart", "absent", "blackhole-all")
+        return self.kind in ("outage", "restart", "absent", "blackhole-all", "failover", "fence")
 
 
 @dataclasses.dataclass
@@ -238,8 +295,16 @@ class Cluster:
         recurring: int,
         deadline: float,
         dialect: str | None = None,
+        direct: bool = False,
+        pooler: str | None = None,
+        statement_timeout: float | None = None,
     ) -> None:
         self.database_url = database_url
+        self.direct = direct
+        """Processes connect to ``database_url`` itself (a multi-host URL), not to a proxy."""
+        self.pooler = pooler
+        self.statement_timeout = statement_timeout
+        """Of the plain processes (None: the library's default)."""
         self.run_dir = run_dir
         self.knobs = knobs
         self.recurring = recurring
@@ -274,8 +339,14 @@ class Cluster:
 
     def _proxy(self, label: str) -> Proxy:
         if label not in self.proxies:
-            self.proxies[label] = Proxy(self.database_url)
+            # a direct cluster's proxies are never started (a multi-host URL has no one target)
+            self.proxies[label] = Proxy(
+                "postgresql://127.0.0.1/x" if self.direct else self.database_url
+            )
         return self.proxies[label]
+
+    def _url(self, proxy: Proxy) -> str:
+        return self.database_url if self.direct else proxy.url
 
     async def start_plain(
         self,
@@ -288,14 +359,14 @@ class Cluster:
     ) -> Node:
         """``python -m bench.chaos_worker``; waits for its ``STARTED`` or ``READY`` line."""
         proxy = self._proxy(label)
-        if not self.faulted_everyone():
+        if not self.faulted_everyone() and not self.direct:
             await proxy.start()
         k = self.knobs
         args = [
             sys.executable,
             "-m",
             "bench.chaos_worker",
-            proxy.url,
+            self._url(proxy),
             "--name",
             label,
             "--poll",
@@ -311,6 +382,10 @@ class Cluster:
         ]
         if self.dialect:
             args += ["--dialect", self.dialect]
+        if self.pooler:
+            args += ["--pooler", self.pooler]
+        if self.statement_timeout is not None:
+            args += ["--statement-timeout", repr(self.statement_timeout)]
         log = self.log_dir / f"{label}-{len(self.history)}.log"
         with log.open("wb") as log_file:
             process = await asyncio.create_subprocess_exec(
@@ -346,14 +421,16 @@ class Cluster:
     ) -> Node:
         """``python -m example_app --port N`` with the chaos jobs added by discovery."""
         proxy = self._proxy(label)
-        if not self.faulted_everyone():
+        if not self.faulted_everyone() and not self.direct:
             await proxy.start()
         k = self.knobs
         port = free_port()
         env = self._env(label, extras)
+        if self.pooler:
+            env["EKBATAN_JOBS__POOLER"] = self.pooler
         env.update(
             {
-                JOBS_URL_ENV: proxy.url,
+                JOBS_URL_ENV: self._url(proxy),
                 "EKBATAN_JOBS__MODULES": "bench.chaos_jobs",
                 "EKBATAN_JOBS__POLLING_INTERVAL": _iso(k.poll),
                 "EKBATAN_JOBS__HEARTBEAT_INTERVAL": _iso(k.heartbeat),

@@ -31,6 +31,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--clock-offset", type=float, default=0.0, help="this process's clock error, seconds"
     )
     parser.add_argument("--dialect", default=None, help="a b.dialect(...) override")
+    parser.add_argument("--pooler", default=None, help="b.pooler(...)")
+    parser.add_argument("--statement-timeout", type=float, default=None, help="seconds")
     return parser.parse_args(argv)
 
 
@@ -44,6 +46,10 @@ async def _main(args: argparse.Namespace) -> int:
             b.clock(OffsetClock(timedelta(seconds=args.clock_offset)))
         if args.dialect:
             b.dialect(args.dialect)
+        if args.pooler:
+            b.pooler(args.pooler)
+        if args.statement_timeout is not None:
+            b.statement_timeout(timedelta(seconds=args.statement_timeout))
 
     registry = (
         job_registry()

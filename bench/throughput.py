@@ -90,6 +90,9 @@ class BenchOptions:
     cprofile_dir: Path | None = None
     """Write a cProfile of the timed part of each worker's run here."""
     verbose: bool = True
+    pgbouncer: str | None = None
+    """Workers reach the database through a private PgBouncer in this pooling mode
+    (``transaction``: with ``pooler=pgbouncer-transaction``; ``session``); None: directly."""
     max_foreign: float | None = None
     """Rerun a run during which other processes used more than this many cores."""
     retries: int = 3
@@ -639,6 +642,8 @@ async def _spawn(
         args.append("--no-history")
     if options.transactional:
         args.append("--transactional")
+    if options.pgbouncer == "transaction":
+        args += ["--pooler", "pgbouncer-transaction"]
     if options.cprofile_dir is not None:
         options.cprofile_dir.mkdir(parents=True, exist_ok=True)
         args += ["--cprofile", str(options.cprofile_dir / f"{run_dir.name}-worker-{index}.pstats")]
@@ -660,8 +665,10 @@ async def run_once(
     options: BenchOptions,
     work: Path,
     attempt: int = 1,
+    worker_url: str | None = None,
 ) -> RunResult:
-    """Load the table, run ``processes`` workers until it is empty, and check the result."""
+    """Load the table, run ``processes`` workers until it is empty, and check the result;
+    the workers connect to ``worker_url`` (a pooler) when given."""
     engine = create_async_engine(db_url, pool_size=2, max_overflow=0)
     errors: list[str] = []
     workers: list[_Worker] = []
@@ -683,7 +690,11 @@ async def run_once(
         # this process dies: startup timeout + run timeout + shutdown.
         worker_deadline = time.monotonic() + 2 * options.timeout + 30
         for index in range(processes):
-            workers.append(await _spawn(index, db_url, strategy, options, run_dir, worker_deadline))
+            workers.append(
+                await _spawn(
+                    index, worker_url or db_url, strategy, options, run_dir, worker_deadline
+                )
+            )
         await asyncio.gather(*(w.expect("ready", start_deadline - loop.time()) for w in workers))
         watch = CpuWatch({w.proc.pid for w in workers}, await server_pids(engine))
         go = time.monotonic()
@@ -781,6 +792,18 @@ async def run_benchmark(
             info["completion"] = (
                 "ctx.transaction() per execution" if options.transactional else "batched"
             )
+            worker_url = None
+            if options.pgbouncer:
+                try:
+                    from bench.servers import pgbouncer
+                except ImportError:  # run as a script: bench/ is on sys.path
+                    from servers import pgbouncer  # type: ignore[no-redef]
+
+                bouncer = stack.enter_context(
+                    pgbouncer(server_url, mode=options.pgbouncer, pool_size=4)
+                )
+                worker_url = bouncer.url(db_url)
+                info["pooler"] = f"PgBouncer 1.18, {options.pgbouncer} mode, 4 server connections"
             results: list[RunResult] = []
             for repeat in range(1, options.repeat + 1):
                 for strategy in options.strategies:
@@ -788,7 +811,14 @@ async def run_benchmark(
                         attempts: list[RunResult] = []
                         for attempt in range(1, options.retries + 2):
                             result = await run_once(
-                                db_url, strategy, processes, repeat, options, work, attempt
+                                db_url,
+                                strategy,
+                                processes,
+                                repeat,
+                                options,
+                                work,
+                                attempt,
+                                worker_url=worker_url,
                             )
                             result.attempts = attempt
                             attempts.append(result)
@@ -938,6 +968,8 @@ async def _worker(args: argparse.Namespace) -> int:
             b.polling_interval(dt.timedelta(seconds=args.polling_interval))
         if args.no_history:
             b.history(False)
+        if args.pooler:
+            b.pooler(args.pooler)
 
     def remaining() -> float:
         return max(0.01, float(args.deadline) - time.monotonic())
@@ -1053,6 +1085,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--settle", type=float, default=0.0, help="wait up to S s for a quiet machine per run"
     )
+    p.add_argument(
+        "--pgbouncer",
+        choices=("transaction", "session"),
+        help="workers connect through a private PgBouncer in this mode (PostgreSQL only)",
+    )
+    p.add_argument("--pooler", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help="write every run and the summary here")
     p.add_argument("--cprofile-dir", type=Path, help="cProfile each worker's timed part")
     p.add_argument("--worker-prefix", default="", help="e.g. 'py-spy record -o x.svg --'")
@@ -1099,6 +1137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         retries=args.retries,
         history=not args.no_history,
         transactional=args.transactional,
+        pgbouncer=args.pgbouncer,
     )
     if args.url:
         check_local(args.url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -22,8 +23,9 @@ from .engine.config import SchedulerConfig
 from .engine.observer import SchedulerObserver
 from .engine.scheduler import Scheduler
 from .engine.status import SchedulerStatus
-from .store.connection import ConnectionProvider, resolve_connection
+from .store.connection import DEFAULT_POOL_SIZE, ConnectionProvider, resolve_connection
 from .store.dialects import Dialect, Store, open_store
+from .store.options import DEFAULT_IDLE_TRANSACTION_TIMEOUT, TRANSACTION_POOLING, validate_pooler
 from .store.tables import DEFAULT_TABLE_NAME, validate_table_name
 
 __all__ = ["JobRegistry", "JobRegistryBuilder", "SchedulerBuilder", "job_registry"]
@@ -41,6 +43,10 @@ class SchedulerBuilder:
         self._dialect: str | Dialect | None = None
         self._table_name = DEFAULT_TABLE_NAME
         self._statement_timeout: timedelta | None = timedelta(seconds=30)
+        self._pooler = "none"
+        self._idle_transaction_timeout: timedelta | None = timedelta(
+            seconds=DEFAULT_IDLE_TRANSACTION_TIMEOUT
+        )
 
     def polling_interval(self, value: timedelta) -> SchedulerBuilder:
         self.config.polling_interval = value
@@ -52,6 +58,12 @@ class SchedulerBuilder:
 
     def shutdown_max_wait(self, value: timedelta) -> SchedulerBuilder:
         self.config.shutdown_max_wait = value
+        return self
+
+    def shutdown_results_wait(self, value: timedelta) -> SchedulerBuilder:
+        """How long a stop waits for the database to record the last results (default 5 s);
+        what is left unrecorded is revived after the dead window."""
+        self.config.shutdown_results_wait = value
         return self
 
     def missed_heartbeats_limit(self, value: int) -> SchedulerBuilder:
@@ -134,6 +146,22 @@ class SchedulerBuilder:
         self._statement_timeout = value
         return self
 
+    def pooler(self, value: str | None) -> SchedulerBuilder:
+        """What sits between the scheduler and PostgreSQL: ``"none"`` (default; also right for
+        PgBouncer's session mode) or ``"pgbouncer-transaction"``: the pool built from the URL
+        then keeps no prepared statement past its statement, and LISTEN is off (polling and
+        due-time wake-ups go on). See docs/deployment.md."""
+        self._pooler = validate_pooler(value)
+        return self
+
+    def idle_transaction_timeout(self, value: timedelta | None) -> SchedulerBuilder:
+        """MySQL/MariaDB (default 10 s): the library's sessions wait at most this long for a
+        row lock, and on MariaDB the server ends a transaction of theirs left idle this long
+        (orphaned by a partition) so that its locks cannot stall the cluster. None: leave the
+        server's session settings alone."""
+        self._idle_transaction_timeout = value
+        return self
+
     def dialect(self, value: str | Dialect) -> SchedulerBuilder:
         """Override the dialect read from the URL (e.g. ``"mysql5"`` for MySQL before 8), by
         name or as a ``Dialect`` (see ``ekbatan_fastapi.store.dialects``)."""
@@ -150,13 +178,19 @@ class JobRegistryBuilder:
 
     def __init__(self) -> None:
         self._connection: ConnectionSource | None = None
+        self._pool_size = DEFAULT_POOL_SIZE
         self._jobs: list[Job] = []
         self._scheduler = SchedulerBuilder()
         self._customizers: list[Callable[[SchedulerBuilder], Any]] = []
 
-    def connection_provider(self, value: ConnectionSource) -> JobRegistryBuilder:
-        """A database URL (a dedicated pool of 5 is built), an AsyncEngine or a provider."""
+    def connection_provider(
+        self, value: ConnectionSource, *, pool_size: int = DEFAULT_POOL_SIZE
+    ) -> JobRegistryBuilder:
+        """A database URL (a dedicated pool of ``pool_size``, default 5, is built at
+        ``build()``, with the pooler and session settings), an AsyncEngine or a provider
+        (used as they are)."""
         self._connection = value
+        self._pool_size = pool_size
         return self
 
     def with_job(self, job: Job) -> JobRegistryBuilder:
@@ -208,13 +242,15 @@ class JobRegistryBuilder:
                 "no database configured: call .connection_provider('postgresql+asyncpg://...') "
                 "with a URL, an AsyncEngine or a ConnectionProvider"
             )
-        provider = resolve_connection(self._connection)
+        provider = self._provider()
         table_name = validate_table_name(self._scheduler._table_name)
         timeout = self._scheduler._statement_timeout
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
             raise ConfigurationError(
                 f"statement_timeout must be a positive timedelta or None, got {timeout!r}"
             )
+        if self._scheduler._pooler == TRANSACTION_POOLING and config.listen:
+            config.listen = False  # LISTEN would hold a shared server connection, deaf
         store = open_store(
             provider.engine,
             self._scheduler._dialect or provider.dialect,
@@ -222,6 +258,32 @@ class JobRegistryBuilder:
             statement_timeout=timeout.total_seconds() if timeout is not None else None,
         )
         return JobRegistry(provider, store, jobs, config)
+
+    def _provider(self) -> ConnectionProvider:
+        """The pool: built now from a URL with the pooler and session settings."""
+        scheduler = self._scheduler
+        bound = scheduler._idle_transaction_timeout
+        if bound is not None and (not isinstance(bound, timedelta) or bound < timedelta(0)):
+            raise ConfigurationError(
+                f"idle_transaction_timeout must be a timedelta (zero or None: leave the server's "
+                f"settings), got {bound!r}"
+            )
+        assert self._connection is not None
+        provider = resolve_connection(
+            self._connection,
+            pool_size=self._pool_size,
+            pooler=scheduler._pooler,
+            idle_transaction_timeout=bound.total_seconds() if bound else None,
+        )
+        if provider.options is None and scheduler._pooler == TRANSACTION_POOLING:
+            log.warning(
+                "pooler=%s with an engine the application built: the scheduler sends no "
+                "LISTEN and takes no session lock, but the engine's prepared statements are "
+                "its own to configure (statement_cache_size=0, prepared_statement_cache_size=0, "
+                "unnamed statements: see docs/deployment.md), or pass the URL instead",
+                TRANSACTION_POOLING,
+            )
+        return provider
 
 
 def _validate_jobs(jobs: list[Job]) -> list[Job]:
@@ -300,7 +362,15 @@ class JobRegistry:
         try:
             await self.scheduler.stop()
         finally:
-            await self.connection.dispose()
+            # Closing a connection politely waits for the server's answer: bounded, so that a
+            # database that went silent cannot hold up the exit.
+            bound = self.config.shutdown_results_wait.total_seconds()
+            try:
+                await asyncio.wait_for(self.connection.dispose(), timeout=bound)
+            except TimeoutError:
+                log.warning(
+                    "the jobs pool did not close within %.1fs (shutdown_results_wait)", bound
+                )
 
     async def wait_until_ready(self, timeout: float | None = None) -> bool:
         """Wait until the scheduler has reached the database and created its rows."""

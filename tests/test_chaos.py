@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import SCENARIOS, run_scenario
+from bench.chaos import DEPLOYMENTS, SCENARIOS, run_scenario
+from bench.servers import have_pg15, have_pgbouncer
+
+from .conftest import fresh_mysql_database
 
 pytestmark = pytest.mark.chaos
 
@@ -27,4 +30,30 @@ async def test_chaos_scenario_keeps_its_promises(
     result = await run_scenario(
         name, short=True, database_url=database_url, run_dir=tmp_path, verbose=False
     )
+    assert result.ok, result.table
+
+
+@pytest.mark.parametrize("name", [n for n in DEPLOYMENTS if n != "mariadb-orphan"])
+async def test_deployment_scenario_keeps_its_promises(
+    name: str, database_url: str, tmp_path: Path
+) -> None:
+    """PgBouncer's transaction pooling, a primary failover (stopped, frozen, fenced) and a claim
+    answered late: the real components (``bench/chaos_deploy.py``)."""
+    if name == "pgbouncer-transaction" and not have_pgbouncer():
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer; .ci/run does)")
+    if name in ("failover", "failover-frozen", "fence-read-only") and not have_pg15():
+        pytest.skip("needs PostgreSQL 15's binaries in /usr/lib/postgresql/15/bin")
+    result = await run_scenario(
+        name, short=True, database_url=database_url, run_dir=tmp_path, verbose=False
+    )
+    assert result.ok, result.table
+
+
+async def test_mariadb_orphan_scenario_keeps_its_promises(
+    mysql_server_url: str, tmp_path: Path
+) -> None:
+    async with fresh_mysql_database(mysql_server_url) as url:
+        result = await run_scenario(
+            "mariadb-orphan", short=True, database_url=url, run_dir=tmp_path, verbose=False
+        )
     assert result.ok, result.table

@@ -41,6 +41,13 @@ def _common(p: argparse.ArgumentParser, suppress: bool) -> None:
         help="override the dialect read from the URL (mysql5: MySQL before 8)",
     )
     p.add_argument(
+        "--pooler",
+        choices=("none", "pgbouncer-session", "pgbouncer-transaction"),
+        default=default(None),
+        help="what sits between us and PostgreSQL (default: the pooler setting, else none); "
+        "pgbouncer-transaction for PgBouncer's transaction pooling",
+    )
+    p.add_argument(
         "--json", action="store_true", default=default(False), help="print JSON, for scripts"
     )
     p.add_argument(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..client import SchedulerClient
 from ..domain.tasks import dead_after, overdue_after
-from ..store.connection import ConnectionProvider
+from ..store.connection import ConnectionProvider, dialect_of
 from ..store.dialects import Store, open_store
 from ..store.tables import DEFAULT_TABLE_NAME
 from .output import Output
@@ -71,10 +71,11 @@ async def connect(args: argparse.Namespace, out: Output) -> Context:
     settings = _settings(args)
     url: Any = args.url or settings.jobs_datasource().sqlalchemy_url()
     # the dialect decides the driver's name of the connect timeout; no connection yet
-    url_dialect = ConnectionProvider.from_url(url).dialect
-    timeout_key = "timeout" if url_dialect == "postgresql" else "connect_timeout"
+    url_dialect = dialect_of(url)
+    timeout_key = "timeout" if url_dialect.name == "postgresql" else "connect_timeout"
+    pooler = args.pooler or (settings.jobs.pooler if url_dialect.name == "postgresql" else None)
     provider = ConnectionProvider.from_url(
-        url, pool_size=1, connect_args={timeout_key: args.connect_timeout}
+        url, pool_size=1, pooler=pooler, connect_args={timeout_key: args.connect_timeout}
     )
     store = open_store(provider.engine, args.dialect or provider.dialect, DEFAULT_TABLE_NAME)
     knobs = settings.jobs
@@ -94,10 +95,14 @@ async def connect(args: argparse.Namespace, out: Output) -> Context:
                 await conn.exec_driver_sql("SELECT 1")
     except Exception as error:
         await provider.dispose()
-        reason = str(getattr(error, "orig", None) or error) or type(error).__name__
+        diagnosis = store.db.diagnose(error)
+        if diagnosis.reachable:
+            raise CliError(
+                EXIT.FAILED, f"the database at {ctx.safe_url()} answered: {diagnosis.message}"
+            ) from None
         raise CliError(
             EXIT.UNREACHABLE,
             f"cannot reach the database at {ctx.safe_url()} within {args.connect_timeout:g} s: "
-            f"{reason}",
+            f"{diagnosis.message}",
         ) from None
     return ctx

@@ -147,6 +147,7 @@ class Completer:
                 continue
             if recorded is None:
                 continue
+            self.link.answered()
             backoff.reset()
             ambiguous, self._retrying, self._history_refused = self._retrying, False, False
             del self.pending[: len(batch.items)]

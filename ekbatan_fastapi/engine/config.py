@@ -18,9 +18,16 @@ from ..domain.text import is_valid_name
 if TYPE_CHECKING:
     from .observer import SchedulerObserver
 
-__all__ = ["MIN_MISSED_HEARTBEATS", "SchedulerConfig", "default_scheduler_name"]
+__all__ = [
+    "DEFAULT_RESULTS_WAIT",
+    "MIN_MISSED_HEARTBEATS",
+    "SchedulerConfig",
+    "default_scheduler_name",
+]
 
 MIN_MISSED_HEARTBEATS = 4
+DEFAULT_RESULTS_WAIT = 5.0
+"""Seconds a stop gives the database to record the last results (see ``shutdown_results_wait``)."""
 SCHEDULER_NAME_LENGTH = 50
 """The ``picked_by`` column's limit (``varchar(50)`` on MySQL)."""
 
@@ -38,6 +45,13 @@ class SchedulerConfig:
     heartbeat_interval: timedelta = timedelta(seconds=10)
     missed_heartbeats_limit: int = 6
     shutdown_max_wait: timedelta = timedelta(minutes=30)
+    shutdown_results_wait: timedelta = timedelta(seconds=DEFAULT_RESULTS_WAIT)
+    """At shutdown, once the executions have ended: how long the database may take to record
+    their results and history (and, before the executions' wait, to answer the poller's last
+    claim). What is still unrecorded then is left: those rows stay picked and are revived
+    after the dead window, like an abandoned execution. It keeps a stop with the database
+    down within a pod's grace period (docs/deployment.md). Never longer than
+    ``shutdown_max_wait``."""
     delete_unresolved_after: timedelta = timedelta(days=14)
     polling_strategy: PollingStrategy | str | None = None
     """None: lock-and-fetch where the dialect has SKIP LOCKED, fetch otherwise."""
@@ -72,7 +86,12 @@ class SchedulerConfig:
         return dead_after(self.heartbeat_interval, self.missed_heartbeats_limit)
 
     def validate(self) -> None:
-        for name in ("polling_interval", "heartbeat_interval", "shutdown_max_wait"):
+        for name in (
+            "polling_interval",
+            "heartbeat_interval",
+            "shutdown_max_wait",
+            "shutdown_results_wait",
+        ):
             value = getattr(self, name)
             if not isinstance(value, timedelta) or value <= timedelta(0):
                 raise ConfigurationError(f"{name} must be a positive timedelta, got {value!r}")

@@ -90,6 +90,7 @@ class Housekeeper:
             if not self._may_revive():
                 continue
             await self.revive_dead()  # first: failover time does not wait for the others
+            await self.release_orphans()
             await self.history.report_instance(self.state.started_at or self.link.now())
             await self.maintain()
 
@@ -107,6 +108,7 @@ class Housekeeper:
             for execution in executions:
                 self._heartbeat_failed(execution)
             return
+        self.link.answered()
         for execution in executions:
             if execution.row.key in alive:
                 execution.heartbeat.record_success()
@@ -133,6 +135,7 @@ class Housekeeper:
         except Exception as error:
             self.link.failed(error, "dead-execution check")
             return
+        self.link.answered()
         self.next_death = revival.next_death
         for row in revival.revived:
             if self.observer.active:
@@ -149,6 +152,45 @@ class Housekeeper:
                 extra=log_extra(row, self.name),
             )
         if revival.revived:
+            self.alarm.request_poll()
+
+    def _orphans_possible(self) -> bool:
+        """A claim of ours failed lately: it may have executed on the server anyway. After a
+        dead window its rows are dead executions, revived like any other."""
+        failed = self.state.claim_failed_at
+        if failed is None:
+            return False
+        window = (self.config.dead_after + 2 * self.config.heartbeat_interval).total_seconds()
+        if self.config.clock.monotonic() - failed > window:
+            self.state.claim_failed_at = None
+            return False
+        return True
+
+    async def release_orphans(self) -> None:
+        """Release rows picked by this instance that it does not run (see
+        ``TaskStore.release_orphans``); only while a failed claim may have left some."""
+        if not self._orphans_possible() or self.state.claiming:
+            return
+        try:
+            released = await self.tasks.release_orphans(
+                self.name,
+                self.running.by_key,  # live: an execution launched meanwhile counts
+                2 * self.config.heartbeat_interval,
+                still_safe=lambda: not self.state.claiming and not self.state.stopping,
+            )
+        except Exception as error:
+            self.link.failed(error, "releasing orphaned claims")
+            return
+        for row in released:
+            log.warning(
+                "released %s/%s (slot %s): picked by this instance, which does not run it (a "
+                "claim whose answer was lost); it runs again at its slot",
+                row.task_name,
+                row.task_instance,
+                row.execution_time.isoformat(),
+                extra=log_extra(row, self.name),
+            )
+        if released:
             self.alarm.request_poll()
 
     async def maintain(self) -> None:

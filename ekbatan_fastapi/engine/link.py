@@ -1,39 +1,68 @@
 """``DatabaseLink``: what one scheduler instance knows of its database, shared by its loops.
 
 The database's clock, estimated between statements from the local clock and the last
-observed offset; whether the database was reachable at the last attempt; the last error, and
-the rule for logging errors (the first one at once, then at most one a minute while the
-outage lasts).
+observed offset; the current condition (``ok``, or what the last error means: unreachable,
+read-only, a pooler mismatch, ...) and since when; the last error with its time, which stays
+after recovery; the rule for logging errors (the first one at once, then at most one a minute
+while the outage lasts); and the signal that the loops reached the database again after a
+failover-like error (``moved``), on which the listener reconnects.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from ..domain.clock import Clock
+from ..store.database import Diagnosis
 from .observer import ObserverDispatch
 
-__all__ = ["DatabaseLink"]
+__all__ = ["FAILOVER_CONDITIONS", "DatabaseLink"]
 
 log = logging.getLogger(__name__)
 
 _LOG_EVERY = 60.0
 """Seconds between error lines while the database stays unreachable."""
 
+FAILOVER_CONDITIONS = ("unreachable", "timeout", "read-only")
+"""Errors after which the next answer may come from another server (a failover): the
+listener's connection, which saw none of them, may still be on the old one."""
+
+
+def _undiagnosed(error: BaseException) -> Diagnosis:
+    return Diagnosis("unreachable", False, f"{type(error).__name__}: {error}")
+
 
 class DatabaseLink:
-    """The database clock, reachability and the last error of one scheduler instance."""
+    """The database clock, condition and last error of one scheduler instance."""
 
-    def __init__(self, name: str, clock: Clock, observer: ObserverDispatch) -> None:
+    def __init__(
+        self,
+        name: str,
+        clock: Clock,
+        observer: ObserverDispatch,
+        diagnose: Callable[[BaseException], Diagnosis] = _undiagnosed,
+    ) -> None:
         self.name = name
         self.clock = clock
         self.observer = observer
+        self.diagnose = diagnose
         self.offset = timedelta(0)
         self.reachable: bool | None = None
-        """None until the first round trip was attempted."""
+        """None until the first round trip was attempted; False while the last attempt got
+        no answer (an error that is the database's answer leaves it True)."""
+        self.condition = "unknown"
+        """``ok`` after an answer; else the last error's condition (``Diagnosis``)."""
+        self.condition_since: datetime | None = None
         self.last_error: str | None = None
+        """The last error, kept after recovery (``last_error_at`` says when)."""
+        self.last_error_at: datetime | None = None
         self._last_logged = -1e9
+        self._maybe_moved = False
+        self.moved = asyncio.Event()
+        """Set when the loops get answers again after a failover-like error."""
 
     def now(self) -> datetime:
         """The database's clock, estimated from the local clock and the last observed offset."""
@@ -47,20 +76,46 @@ class DatabaseLink:
         self.answered()
 
     def answered(self) -> None:
-        """A statement got its answer: the database is reachable."""
-        if self.reachable is False:
-            log.warning("scheduler %s: database reachable again", self.name)
+        """A statement got its answer: the database is reachable and works."""
+        if self.condition != "ok":
+            if self.condition != "unknown":
+                log.warning(
+                    "scheduler %s: the database answers again (was: %s)", self.name, self.condition
+                )
+            self._set_condition("ok")
         self.reachable = True
+        if self._maybe_moved:
+            self._maybe_moved = False
+            self.moved.set()
 
-    def failed(self, error: BaseException, where: str) -> None:
-        """A statement of ``where`` failed (the caller retries): record, count and log it."""
-        self.last_error = f"{where}: {type(error).__name__}: {error}"
+    def _set_condition(self, condition: str) -> None:
+        if condition != self.condition:
+            self.condition = condition
+            self.condition_since = self.now()
+
+    def report(self, condition: str, message: str) -> None:
+        """A condition found without a failed statement (a missing table at startup, a
+        crashed loop): shown like an error."""
+        self.last_error = message
+        self.last_error_at = self.now()
+        self._set_condition(condition)
+
+    def failed(self, error: BaseException, where: str, *, failover: bool = True) -> None:
+        """A statement of ``where`` failed (the caller retries): record, count and log it.
+        ``failover``: the error may mean the database moved (the listener's own loss does not
+        count: it reconnects anyway)."""
+        diagnosis = self.diagnose(error)
+        self.last_error = f"{where}: {diagnosis.message}"
+        self.last_error_at = self.now()
         if self.observer.active:
             self.observer.database_error(where, error)
-        was_reachable = self.reachable
-        self.reachable = False
+        was = self.condition
+        self.reachable = diagnosis.reachable
+        self._set_condition(diagnosis.condition)
+        if failover and diagnosis.condition in FAILOVER_CONDITIONS:
+            self._maybe_moved = True
         now = self.clock.monotonic()
-        if was_reachable is not False or now - self._last_logged > _LOG_EVERY:
+        if was != diagnosis.condition or now - self._last_logged > _LOG_EVERY:
             self._last_logged = now
             log.error(
                 "scheduler %s: database error during %s (will retry): %s",

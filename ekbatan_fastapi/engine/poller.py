@@ -115,12 +115,16 @@ class Poller:
                 continue
             began = clock.monotonic()
             sent = clock.now()
+            self.state.claiming = True
             try:
                 result = await self._poll(limit)
             except Exception as error:
+                self.state.claim_failed_at = clock.monotonic()
                 self.link.failed(error, "poll")
                 await self.alarm.sleep(backoff.next())
                 continue
+            finally:
+                self.state.claiming = False
             backoff.reset()
             if self.observer.active:
                 self.observer.polled(clock.monotonic() - began, len(result.claimed))

@@ -25,6 +25,11 @@ class RunState:
     last_poll: datetime | None = None
     """The database time of the last poll that got an answer."""
     loop_restarts: int = 0
+    claiming: bool = False
+    """A claim statement is in flight (its rows are not among the executions yet)."""
+    claim_failed_at: float | None = None
+    """Monotonic time of the last claim statement that failed: it may still have executed on
+    the server (its answer lost), leaving rows picked by this instance that nothing runs."""
 
 
 class RunningExecutions:

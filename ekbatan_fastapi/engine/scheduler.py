@@ -101,7 +101,7 @@ class Scheduler:
         self.batch_size = config.batch_size or max(50, 3 * len(self.jobs))
         self.observer = ObserverDispatch(config.observers, self.name)
         self.state = RunState()
-        self.link = DatabaseLink(self.name, self.clock, self.observer)
+        self.link = DatabaseLink(self.name, self.clock, self.observer, store.db.diagnose)
         self.alarm = Alarm(self.link, lambda: self.state.stopping)
         self.executions = RunningExecutions(self.batch_size, self.alarm.request_poll)
         self.recorder = HistoryRecorder(
@@ -289,20 +289,31 @@ class Scheduler:
             return
         self.state.stopping = True
         self.alarm.request_poll()
-        drain = max(self.config.shutdown_max_wait.total_seconds(), 1.0)
+        results_wait = min(
+            self.config.shutdown_results_wait, self.config.shutdown_max_wait
+        ).total_seconds()
         await self._cancel("listener")
-        # The poller is not cancelled: a claim interrupted mid-statement may have committed
-        # and its rows would stay picked, run by nobody. Woken above, it finishes its statement,
-        # starts what it claimed (waited for below like any execution) and returns.
-        await self._drain("poller", timeout=drain)
+        # The poller is not cancelled at once: a claim interrupted mid-statement may have
+        # committed and its rows would stay picked, run by nobody until revived. Woken above,
+        # it finishes its statement, starts what it claimed (waited for below like any
+        # execution) and returns; a database that does not answer gets shutdown_results_wait.
+        await self._drain("poller", timeout=results_wait)
         await self.executor.drain(self.config.shutdown_max_wait)
+        # Recording the last results, their history and leaving share shutdown_results_wait:
+        # with the database down, a stop must still fit a pod's grace period. What is left
+        # unrecorded is revived after the dead window, like an abandoned execution.
+        deadline = asyncio.get_running_loop().time() + results_wait
         self.completer.close()
-        await self._drain("completer", timeout=drain)
+        await self._drain("completer", timeout=self._left(deadline))
         self.recorder.close()
-        await self._drain("history writer", timeout=drain)
-        await self._leave(drain)
+        await self._drain("history writer", timeout=self._left(deadline))
+        await self._leave(self._left(deadline))
         self.executor.close()
         log.info("scheduler %s stopped", self.name, extra={"scheduler": self.name})
+
+    @staticmethod
+    def _left(deadline: float) -> float:
+        return max(deadline - asyncio.get_running_loop().time(), 0.01)
 
     async def _leave(self, timeout: float) -> None:
         """Nothing runs any more: heartbeats can stop. Removing this instance's row is cosmetic
@@ -325,7 +336,14 @@ class Scheduler:
             await asyncio.wait_for(asyncio.shield(task), timeout=timeout)
         except TimeoutError:
             task.cancel()
-            log.warning("scheduler %s: the %s did not finish in %.0fs", self.name, name, timeout)
+            await asyncio.wait({task}, timeout=1.0)  # its statement's connection is discarded
+            log.warning(
+                "scheduler %s: the %s did not finish in %.1fs (shutdown_results_wait); what it "
+                "had not recorded is revived after the dead window",
+                self.name,
+                name,
+                timeout,
+            )
 
     async def _cancel(self, *names: str) -> None:
         """Cancel the named loops all at once, then wait for them: a loop cancelled in a
@@ -357,7 +375,7 @@ class Scheduler:
                     delay,
                     extra={"scheduler": self.name},
                 )
-                self.link.last_error = f"{name} loop crashed (restarted)"
+                self.link.report("loop-crashed", f"{name} loop crashed (restarted)")
                 await asyncio.sleep(delay)
 
     # -- reporting -------------------------------------------------------------------------
@@ -370,7 +388,10 @@ class Scheduler:
             ready=self.state.ready.is_set(),
             stopping=self.state.stopping,
             database_reachable=self.link.reachable,
+            condition=self.link.condition,
+            condition_since=self.link.condition_since,
             last_error=self.link.last_error,
+            last_error_at=self.link.last_error_at,
             last_successful_poll=self.state.last_poll,
             polling_strategy=self.polling_strategy,
             batch_size=self.batch_size,

@@ -98,7 +98,7 @@ class Startup:
                 await self.register_definitions()
             except SchemaMissingError as error:
                 self.link.answered()
-                self.link.last_error = str(error)
+                self.link.report("schema-missing", str(error))
                 log.error("scheduler %s: %s", self.name, error, extra={"scheduler": self.name})
             except Exception as error:
                 self.link.failed(error, "startup")

@@ -30,12 +30,19 @@ class SchedulerStatus:
     ready: bool
     stopping: bool
     database_reachable: bool | None
-    """None until the first round trip was attempted."""
+    """None until the first round trip was attempted; False while the database does not
+    answer (an error that is its answer, such as read-only, leaves it True)."""
     last_error: str | None
+    """The last error, kept after recovery: ``condition`` says whether it still holds."""
     last_successful_poll: datetime | None
     polling_strategy: str
     batch_size: int
     loop_restarts: int
+    condition: str = "unknown"
+    """Now: ``ok``, or what the last error means (``unreachable``, ``timeout``, ``read-only``,
+    ``pooler``, ``schema-missing``, ``lock-wait``, ``error``, ``loop-crashed``)."""
+    condition_since: datetime | None = None
+    last_error_at: datetime | None = None
     loop_lag_events: int = 0
     """How often the event loop was found blocked for longer than the lag threshold."""
     max_loop_lag: float = 0.0

@@ -34,7 +34,8 @@ from pydantic_settings import (
 
 from ..domain.durations import parse_iso_duration
 from ..domain.errors import ConfigurationError
-from ..engine.config import MIN_MISSED_HEARTBEATS
+from ..engine.config import DEFAULT_RESULTS_WAIT, MIN_MISSED_HEARTBEATS
+from ..store.options import DEFAULT_IDLE_TRANSACTION_TIMEOUT, validate_pooler
 from .datasource import DataSourceConfig
 from .keys import SettingsSection, canonical_key, canonical_mapping, display_key
 from .sources import CONFIG_FILE, CONFIG_FILE_ENV, YamlFileSource
@@ -145,7 +146,31 @@ class JobsSettings(SettingsSection):
         """The override of ``job_name`` (keys compare as settings keys do)."""
         return self.overrides.get(canonical_key(job_name))
 
-    @field_validator("polling_interval", "heartbeat_interval", "shutdown_max_wait")
+    pooler: str = "none"
+    """``none``, ``pgbouncer-session`` or ``pgbouncer-transaction`` (docs/deployment.md)."""
+    idle_transaction_timeout: IsoDuration = timedelta(seconds=DEFAULT_IDLE_TRANSACTION_TIMEOUT)
+    """MySQL/MariaDB session bounds of the jobs pool (``PT0S``: leave the server's settings)."""
+    shutdown_results_wait: IsoDuration = timedelta(seconds=DEFAULT_RESULTS_WAIT)
+    """At shutdown, how long the database may take to record the last results."""
+
+    @field_validator("pooler", mode="before")
+    @classmethod
+    def _known_pooler(cls, value: Any) -> str:
+        try:
+            return validate_pooler(value)
+        except ConfigurationError as error:
+            raise ValueError(str(error)) from None
+
+    @field_validator("idle_transaction_timeout")
+    @classmethod
+    def _not_negative(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must not be negative, e.g. PT10S (PT0S: leave the server's settings)")
+        return value
+
+    @field_validator(
+        "polling_interval", "heartbeat_interval", "shutdown_max_wait", "shutdown_results_wait"
+    )
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):

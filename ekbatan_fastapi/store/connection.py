@@ -14,10 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..domain.errors import ConfigurationError
 from .dialects import DIALECTS, Dialect
+from .options import PoolOptions, validate_pooler
 
 __all__ = [
     "DEFAULT_POOL_SIZE",
     "ConnectionProvider",
+    "check_pooler",
+    "dialect_of",
     "resolve_connection",
     "supported_urls",
 ]
@@ -42,6 +45,12 @@ def _by_scheme(scheme: str, url: URL) -> tuple[str, Dialect]:
     )
 
 
+def dialect_of(url: str | URL) -> Dialect:
+    """The dialect a URL selects (nothing is opened or imported)."""
+    parsed = make_url(url)
+    return _by_scheme(parsed.drivername, parsed)[1]
+
+
 def _safe(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 
@@ -49,17 +58,36 @@ def _safe(url: URL) -> str:
 class ConnectionProvider:
     """Where the scheduler's connections come from, and which dialect they speak."""
 
-    def __init__(self, engine: AsyncEngine, dialect: str, *, owns_engine: bool) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        dialect: str,
+        *,
+        owns_engine: bool,
+        options: PoolOptions | None = None,
+    ) -> None:
         self.engine = engine
         self.dialect = dialect
         self.owns_engine = owns_engine
+        self.options = options
+        """How the pool was built (None: an engine the application made)."""
 
     @classmethod
     def from_url(
-        cls, url: str | URL, *, pool_size: int = DEFAULT_POOL_SIZE, **engine_kwargs: Any
+        cls,
+        url: str | URL,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        pooler: str | None = None,
+        idle_transaction_timeout: float | None = PoolOptions.idle_transaction_timeout,
+        **engine_kwargs: Any,
     ) -> ConnectionProvider:
         """A dedicated pool (default 5 connections) built from a database URL; no connection
-        is opened here."""
+        is opened here.
+
+        ``pooler``: what sits between the library and the database (``"pgbouncer-transaction"``:
+        no prepared statement outlives its statement). ``idle_transaction_timeout`` (seconds,
+        MySQL/MariaDB): the session bounds of docs/deployment.md; None leaves them alone."""
         try:
             parsed = make_url(url)
         except (ArgumentError, ValueError) as error:
@@ -72,9 +100,16 @@ class ConnectionProvider:
         parsed = parsed.set(drivername=driver)
         if not isinstance(pool_size, int) or pool_size < 1:
             raise ConfigurationError(f"pool_size must be a positive integer, got {pool_size!r}")
+        pool = PoolOptions(validate_pooler(pooler), idle_transaction_timeout)
+        check_pooler(dialect, pool.pooler)
+        connect_args = {**dialect.connect_args, **engine_kwargs.pop("connect_args", {})}
+        setup = None
+        if dialect.pool_setup is not None:
+            setup = dialect.pool_setup(parsed, connect_args, pool)
+            parsed, connect_args = setup.url, setup.connect_args
         options: dict[str, Any] = {"pool_size": pool_size, "max_overflow": 0, "pool_recycle": 1800}
-        if dialect.connect_args:
-            options["connect_args"] = dict(dialect.connect_args)
+        if connect_args:
+            options["connect_args"] = connect_args
         options.update(engine_kwargs)
         try:
             engine = create_async_engine(parsed, **options)
@@ -84,7 +119,9 @@ class ConnectionProvider:
             raise ConfigurationError(
                 f"the database driver for {driver}:// is not installed ({error}); {hint}"
             ) from None
-        return cls(engine, dialect.name, owns_engine=True)
+        if setup is not None and setup.on_engine is not None:
+            setup.on_engine(engine)
+        return cls(engine, dialect.name, owns_engine=True, options=pool)
 
     @classmethod
     def from_engine(cls, engine: AsyncEngine, dialect: str | None = None) -> ConnectionProvider:
@@ -105,14 +142,35 @@ class ConnectionProvider:
         return f"ConnectionProvider({_safe(self.engine.url)}, dialect={self.dialect!r})"
 
 
-def resolve_connection(value: str | URL | AsyncEngine | ConnectionProvider) -> ConnectionProvider:
-    """Accept a URL, an AsyncEngine or a ConnectionProvider."""
+def check_pooler(dialect: Dialect, pooler: str) -> None:
+    """A ConfigurationError when ``dialect`` cannot work behind ``pooler``."""
+    if pooler not in dialect.poolers:
+        raise ConfigurationError(
+            f"pooler {pooler!r} is for PostgreSQL (PgBouncer); the {dialect.name} dialect "
+            f"supports {', '.join(dialect.poolers)}"
+        )
+
+
+def resolve_connection(
+    value: str | URL | AsyncEngine | ConnectionProvider,
+    *,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    pooler: str | None = None,
+    idle_transaction_timeout: float | None = PoolOptions.idle_transaction_timeout,
+) -> ConnectionProvider:
+    """Accept a URL (the pool is built with the given options), an AsyncEngine or a
+    ConnectionProvider (used as they are)."""
     if isinstance(value, ConnectionProvider):
         return value
     if isinstance(value, AsyncEngine):
         return ConnectionProvider.from_engine(value)
     if isinstance(value, str | URL):
-        return ConnectionProvider.from_url(value)
+        return ConnectionProvider.from_url(
+            value,
+            pool_size=pool_size,
+            pooler=pooler,
+            idle_transaction_timeout=idle_transaction_timeout,
+        )
     raise ConfigurationError(
         "connection_provider takes a database URL, an AsyncEngine or a ConnectionProvider, "
         f"got {type(value).__name__}"

@@ -12,6 +12,7 @@ import abc
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,9 +25,40 @@ from ..domain.errors import DatabaseTimeout, SchemaMissingError
 from .lease import Lease, discard_connection
 from .tables import Tables, quote_table
 
-__all__ = ["DEFAULT_STATEMENT_TIMEOUT", "Database", "aware", "is_autocommit"]
+__all__ = [
+    "DEFAULT_STATEMENT_TIMEOUT",
+    "Database",
+    "Diagnosis",
+    "aware",
+    "error_words",
+    "is_autocommit",
+]
 
 DEFAULT_STATEMENT_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What a database error means, in the words ``status()`` and ``/jobs`` show."""
+
+    condition: str
+    """``unreachable`` (no connection), ``timeout`` (no answer in time), ``read-only`` (a
+    standby or a fenced primary answered), ``pooler`` (a transaction-pooling PgBouncer refused
+    a prepared statement), ``schema-missing``, ``lock-wait``, or ``error`` (the database
+    refused the statement for another reason)."""
+    reachable: bool
+    """The database answered (the error is its answer), or not."""
+    message: str
+    """The meaning and the fix first, then the driver's words."""
+
+
+def error_words(error: BaseException) -> str:
+    inner = getattr(error, "orig", None) or error
+    return (
+        f"{type(inner).__name__}: {str(inner).strip()}"
+        if str(inner).strip()
+        else (type(inner).__name__)
+    )
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -136,11 +168,46 @@ class Database(abc.ABC):
             return self.missing_table(error)
         return error
 
-    def timeout_error(self) -> DatabaseTimeout:
+    def timeout_error(self, *, connecting: bool = False) -> DatabaseTimeout:
+        if connecting:
+            return DatabaseTimeout(
+                f"no connection to the database within {self.statement_timeout:g}s "
+                "(statement_timeout, spent connecting)"
+            )
         return DatabaseTimeout(
             f"no answer from the database within {self.statement_timeout:g}s "
             "(statement_timeout); the connection was discarded"
         )
+
+    def diagnose(self, error: BaseException) -> Diagnosis:
+        """What ``error`` (raised by one of our statements) means; dialects add their codes
+        (``diagnose_driver``)."""
+        if isinstance(error, SchemaMissingError):
+            return Diagnosis("schema-missing", True, str(error))
+        if isinstance(error, DatabaseTimeout):
+            return Diagnosis("timeout", False, str(error))
+        found = self.diagnose_driver(error)
+        if found is not None:
+            return found
+        inner = getattr(error, "orig", None) or error
+        if isinstance(inner, OSError | TimeoutError) or getattr(
+            error, "connection_invalidated", False
+        ):
+            return Diagnosis("unreachable", False, f"database unreachable: {error_words(error)}")
+        if isinstance(error, DBAPIError):
+            return Diagnosis(
+                "error", True, f"the database refused a statement: {error_words(error)}"
+            )
+        return Diagnosis("unreachable", False, f"database unreachable: {error_words(error)}")
+
+    def diagnose_driver(self, error: BaseException) -> Diagnosis | None:
+        """The dialect's reading of a driver error (its codes), or None."""
+        return None
+
+    def must_discard(self, error: BaseException) -> bool:
+        """A connection that raised ``error`` must not be reused (a dialect's rule: e.g. a
+        connection to a server that turned read-only, while a writable one may be reached)."""
+        return False
 
     # -- connections ------------------------------------------------------------------------
 
@@ -152,11 +219,14 @@ class Database(abc.ABC):
     async def leased(self, lease: Lease) -> AsyncIterator[Lease]:
         """Run statements on ``lease``'s connection, bounded by ``statement_timeout``; on any
         error the connection is discarded (a failed statement may have left it unusable)."""
+        bound = asyncio.timeout(self.statement_timeout)
         try:
-            async with asyncio.timeout(self.statement_timeout):
+            async with bound:
                 yield lease
         except TimeoutError:
             await lease.discard()
+            if not bound.expired():
+                raise  # the driver's own timeout (a connect timeout), not ours
             raise self.timeout_error() from None
         except BaseException:
             await lease.discard()
@@ -171,8 +241,9 @@ class Database(abc.ABC):
         Driver errors come out translated (``translate``)."""
         async with contextlib.AsyncExitStack() as stack:
             conn: AsyncConnection | None = None
+            bound = asyncio.timeout(self.statement_timeout)
             try:
-                async with asyncio.timeout(self.statement_timeout):
+                async with bound:
                     conn = await stack.enter_async_context((engine or self.engine).connect())
                     if begin:
                         await stack.enter_async_context(conn.begin())
@@ -180,7 +251,9 @@ class Database(abc.ABC):
             except TimeoutError:
                 if conn is not None:
                     await discard_connection(conn)
-                raise self.timeout_error() from None
+                if not bound.expired():
+                    raise  # the driver's own timeout (a connect timeout), not ours
+                raise self.timeout_error(connecting=conn is None) from None
             except asyncio.CancelledError:
                 # Interrupted mid-statement (a stopping loop): the driver may still wait for
                 # the answer or for its cancel request, so the connection is not reusable.
@@ -188,6 +261,8 @@ class Database(abc.ABC):
                     await discard_connection(conn)
                 raise
             except DBAPIError as error:
+                if conn is not None and self.must_discard(error):
+                    await discard_connection(conn)
                 translated = self.translate(error)
                 if translated is error:
                     raise

@@ -9,19 +9,23 @@ docs/architecture.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..domain.errors import ConfigurationError
 from .database import DEFAULT_STATEMENT_TIMEOUT, Database
 from .jobs import JobsStore
+from .mysql import connect as mysql_connect
 from .mysql.database import MariaDBDatabase, MySQL5Database, MySQLDatabase
 from .mysql.mysql5 import MySQL5TaskStore
 from .mysql.tasks import MySQLTaskStore
 from .operations import OperationsStore
+from .options import PoolOptions, PoolSetup
+from .postgresql import connect as postgresql_connect
 from .postgresql.database import PostgresDatabase
 from .postgresql.tasks import PostgresTaskStore
 from .tables import DEFAULT_TABLE_NAME, Tables
@@ -44,6 +48,11 @@ class Dialect:
     """Of the pools built from a URL: a bounded connect, never a hang."""
     extra: str | None = None
     """The pip extra that installs the driver."""
+    pool_setup: Callable[[URL, dict[str, Any], PoolOptions], PoolSetup] | None = None
+    """How a pool built from a URL connects (per-host timeouts, session bounds, a pooler);
+    None: the URL and ``connect_args`` as they are."""
+    poolers: tuple[str, ...] = ("none",)
+    """The ``pooler`` values this dialect can work behind."""
 
     @property
     def migrations_folder(self) -> str:
@@ -109,7 +118,8 @@ register_dialect(
             "postgres": "postgresql+asyncpg",
             "postgresql+asyncpg": "postgresql+asyncpg",
         },
-        connect_args={"timeout": 5},
+        pool_setup=postgresql_connect.pool_setup,
+        poolers=("none", "pgbouncer-session", "pgbouncer-transaction"),
     )
 )
 # MySQL 8+ and MariaDB 10.6+ over asyncmy, an optional extra. "mysql5" (MySQL before 8, no
@@ -124,6 +134,7 @@ register_dialect(
         schemes={"mysql": "mysql+asyncmy", "mysql+asyncmy": "mysql+asyncmy"},
         connect_args=_MYSQL_CONNECT_ARGS,
         extra="mysql",
+        pool_setup=mysql_connect.pool_setup,
     )
 )
 register_dialect(
@@ -134,10 +145,16 @@ register_dialect(
         schemes={"mariadb": "mariadb+asyncmy", "mariadb+asyncmy": "mariadb+asyncmy"},
         connect_args=_MYSQL_CONNECT_ARGS,
         extra="mysql",
+        pool_setup=mysql_connect.pool_setup,
     )
 )
 register_dialect(
     Dialect(
-        "mysql5", MySQL5Database, MySQL5TaskStore, connect_args=_MYSQL_CONNECT_ARGS, extra="mysql"
+        "mysql5",
+        MySQL5Database,
+        MySQL5TaskStore,
+        connect_args=_MYSQL_CONNECT_ARGS,
+        extra="mysql",
+        pool_setup=mysql_connect.pool_setup,
     )
 )

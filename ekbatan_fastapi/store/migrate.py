@@ -5,14 +5,16 @@ Idempotent, and at home on a database prepared another way: a migration whose ta
 exist already (made by ``create_schema``, by hand, or by Flyway from the same files) is
 recorded as ``baseline`` without running anything; one whose tables exist in part gets only
 the statements of its missing tables. Concurrent runs (several pods migrating at once) are
-serialized by a database lock (``pg_advisory_lock`` / ``GET_LOCK``).
+serialized by a database lock: on PostgreSQL ``pg_advisory_xact_lock``, taken by every
+transaction (a lock that cannot outlive it, also behind a transaction-pooling PgBouncer), on
+MySQL/MariaDB ``GET_LOCK``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -121,18 +123,22 @@ def _target(statement: str) -> str | None:
     return match[1] if match else None
 
 
-async def _lock(conn: AsyncConnection, dialect: str, unlock: bool = False) -> None:
-    """A session-level lock, so that concurrent ``migrate`` runs take turns."""
-    if dialect == "postgresql":
-        fn = "pg_advisory_unlock" if unlock else "pg_advisory_lock"
-        await conn.execute(sql_text(f"SELECT {fn}(:key)"), {"key": _LOCK_KEY})
-    elif unlock:
+async def _session_lock(conn: AsyncConnection, unlock: bool = False) -> None:
+    """MySQL/MariaDB: a named session lock, so that concurrent runs take turns."""
+    if unlock:
         await conn.execute(sql_text("SELECT RELEASE_LOCK(:name)"), {"name": _LOCK_NAME})
     else:
         got = await conn.scalar(sql_text("SELECT GET_LOCK(:name, 60)"), {"name": _LOCK_NAME})
         if got != 1:
             raise MigrationError("another migration held the lock for over 60 s; try again")
     await conn.commit()
+
+
+async def _transaction_lock(conn: AsyncConnection) -> None:
+    """PostgreSQL: a lock that ends with the transaction. A session lock would be taken on
+    one server connection and, behind a transaction-pooling PgBouncer, released on another:
+    it would stay held on a pooled connection and every later run would wait for it."""
+    await conn.execute(sql_text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
 
 
 def _existing_tables(sync_conn: Any) -> set[str]:
@@ -145,23 +151,37 @@ async def migrate(
     """Apply what is missing of ``dialect``'s migrations; one result per migration."""
     migrations = available_migrations(dialect)
     async with engine.connect() as conn:
-        await _lock(conn, dialect)
+        if dialect_named(dialect).migrations_folder == "postgresql":
+            return await _migrate(conn, migrations, dry_run, lock=_transaction_lock)
+        await _session_lock(conn)
         try:
-            return await _migrate(conn, migrations, dry_run)
+            return await _migrate(conn, migrations, dry_run, lock=None)
         finally:
             await conn.rollback()
-            await _lock(conn, dialect, unlock=True)
+            await _session_lock(conn, unlock=True)
 
 
-async def _migrate(
-    conn: AsyncConnection, migrations: Sequence[Migration], dry_run: bool
-) -> list[MigrationResult]:
+Lock = Callable[[AsyncConnection], Awaitable[None]]
+
+
+async def _state(conn: AsyncConnection, lock: Lock | None) -> tuple[set[str], dict[int, str]]:
+    """Begin a transaction (under ``lock``): the tables that exist and the recorded
+    migrations (version -> checksum)."""
+    if lock is not None:
+        await lock(conn)
     existing = await conn.run_sync(_existing_tables)
     recorded: dict[int, str] = {}
     if MIGRATIONS_TABLE in existing:
         rows = await conn.execute(select(_history.c.version, _history.c.checksum))
         recorded = {int(r.version): str(r.checksum) for r in rows}
-    elif not dry_run:
+    return existing, recorded
+
+
+async def _migrate(
+    conn: AsyncConnection, migrations: Sequence[Migration], dry_run: bool, lock: Lock | None
+) -> list[MigrationResult]:
+    existing, recorded = await _state(conn, lock)
+    if MIGRATIONS_TABLE not in existing and not dry_run:
         await conn.run_sync(lambda sync: _meta.create_all(sync, tables=[_history]))
     await conn.commit()
     results = []
@@ -170,20 +190,23 @@ async def _migrate(
             changed = recorded[migration.version] != migration.checksum
             results.append(_result(migration, "up-to-date", changed))
             continue
-        present = {t for t in migration.tables if t in existing}
-        if present and len(present) == len(migration.tables):
-            status = "baseline"
-        elif present:
-            status = "partial"
-        else:
-            status = "applied"
         if dry_run:
+            status = _status(migration, existing)
             results.append(_result(migration, status if status == "baseline" else "pending"))
             continue
-        # One transaction per migration: atomic on PostgreSQL, whose DDL is transactional.
+        # One transaction per migration: atomic on PostgreSQL, whose DDL is transactional
+        # (and under its lock, the state read again: a concurrent run may have applied it).
         # MySQL/MariaDB commit each DDL statement implicitly, so a failure there leaves the
         # tables made so far, and a rerun completes the migration ("partial").
         try:
+            if lock is not None:
+                existing, now_recorded = await _state(conn, lock)
+                if migration.version in now_recorded:
+                    await conn.commit()
+                    results.append(_result(migration, "up-to-date"))
+                    continue
+            status = _status(migration, existing)
+            present = {t for t in migration.tables if t in existing}
             for statement in migration.statements:
                 if _target(statement) not in present:
                     await _execute(conn, migration, statement)
@@ -203,6 +226,13 @@ async def _migrate(
         existing |= set(migration.tables)
         results.append(_result(migration, status))
     return results
+
+
+def _status(migration: Migration, existing: set[str]) -> str:
+    present = {t for t in migration.tables if t in existing}
+    if present and len(present) == len(migration.tables):
+        return "baseline"
+    return "partial" if present else "applied"
 
 
 async def _execute(conn: AsyncConnection, migration: Migration, statement: str) -> None:

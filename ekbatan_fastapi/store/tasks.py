@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -417,6 +417,44 @@ class TaskStore(abc.ABC):
     @abc.abstractmethod
     async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
         """``revive_dead`` without the probes."""
+
+    async def release_orphans(
+        self,
+        picked_by: str,
+        held: Collection[TaskKey],
+        older_than: timedelta,
+        still_safe: Callable[[], bool] = lambda: True,
+    ) -> list[TaskRow]:
+        """Unpick the rows picked by ``picked_by`` that it does not hold (``held``): claims
+        whose answer it never saw (the statement timed out on the client, and executed on the
+        server). Only rows whose heartbeat (set by the claim) is older than ``older_than``
+        (so no claim that is still being answered), each guarded by the version it was found
+        at, and only while ``still_safe()``; ``version + 1``, ``execution_time`` kept."""
+        t = self.table
+        cutoff = (await self.db_now()) - older_than
+        found = await self.db.rows(
+            select(t).where(
+                t.c.picked.is_(True), t.c.picked_by == picked_by, t.c.last_heartbeat < cutoff
+            )
+        )
+        released = []
+        for row in (self.to_row(r) for r in found):
+            if row.key in held or not still_safe():
+                continue
+            stmt = (
+                update(t)
+                .where(
+                    t.c.task_name == row.task_name,
+                    t.c.task_instance == row.task_instance,
+                    t.c.version == row.version,
+                    t.c.picked.is_(True),
+                    t.c.picked_by == picked_by,
+                )
+                .values(picked=False, picked_by=None, last_heartbeat=None, version=t.c.version + 1)
+            )
+            if await self.db.rowcount(stmt) == 1:
+                released.append(row)
+        return released
 
     # -- optional push notifications ------------------------------------------------------
 

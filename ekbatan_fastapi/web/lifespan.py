@@ -11,6 +11,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
 from typing import Any
 
 from starlette.applications import Starlette
@@ -20,7 +21,7 @@ from ..domain.job import Job
 from ..registry import ConnectionSource, JobRegistry, SchedulerBuilder, job_registry
 from ..settings import EkbatanSettings
 from ..settings.keys import canonical_key
-from ..store.connection import ConnectionProvider
+from ..store.connection import DEFAULT_POOL_SIZE, ConnectionProvider
 from .dependencies import get_ekbatan_settings
 from .discovery import discover_job_classes, import_job_modules
 from .resolver import DependencyResolver
@@ -53,9 +54,13 @@ def build_registry(
     last and may override any setting (``b.missed_heartbeats_limit(8)``, ``b.dialect(...)``).
     """
     knobs = settings.jobs
-    source: ConnectionSource = (
-        connection if connection is not None else settings.jobs_datasource().connection_provider()
-    )
+    pool_size = DEFAULT_POOL_SIZE
+    source: ConnectionSource
+    if connection is not None:
+        source = connection
+    else:
+        datasource = settings.jobs_datasource()
+        source, pool_size = datasource.sqlalchemy_url(), datasource.maximum_pool_size
 
     jobs = list(jobs)
     by_key: dict[str, str] = {}
@@ -84,6 +89,10 @@ def build_registry(
             b.job_override(
                 by_key[key], timeout=override.timeout, max_concurrency=override.max_concurrency
             )
+        b.pooler(knobs.pooler)
+        bound = knobs.idle_transaction_timeout
+        b.idle_transaction_timeout(bound if bound > timedelta(0) else None)
+        b.shutdown_results_wait(knobs.shutdown_results_wait)
         if knobs.metrics:
             from ..metrics import EkbatanMetrics
 
@@ -91,7 +100,7 @@ def build_registry(
 
     builder = (
         job_registry()
-        .connection_provider(source)
+        .connection_provider(source, pool_size=pool_size)
         .with_jobs(jobs)
         .poll_interval(knobs.polling_interval)
         .heartbeat_interval(knobs.heartbeat_interval)

@@ -7,6 +7,7 @@ missed_heartbeats_limit``: every instance is expected to share them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ from ..domain.job import DistributedJob, OneTimeJob
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
 from ..domain.tasks import ScheduledTask, derive_state, heartbeat_age, overdue_after
 from ..domain.text import redact
+from ..store.database import Diagnosis
 from .state import EkbatanState
 from .views import (
     ExecutionView,
@@ -30,6 +32,8 @@ from .views import (
     SchedulerView,
     TaskView,
 )
+
+Diagnose = Callable[[BaseException], Diagnosis]
 
 __all__ = [
     "build_report",
@@ -43,8 +47,12 @@ __all__ = [
 ]
 
 
-def describe_failure(error: BaseException) -> str:
-    """``database unreachable: ...`` for connection and driver errors, else what failed."""
+def describe_failure(error: BaseException, diagnose: Diagnose | None = None) -> str:
+    """What a failed read of the tasks means: the database's diagnosis (``unreachable``,
+    ``read-only``, a pooler mismatch, ...) for driver and connection errors, else what
+    failed."""
+    if diagnose is not None and isinstance(error, DBAPIError | OSError):
+        return redact(diagnose(error).message)
     what = redact(f"{type(error).__name__}: {error}")
     if isinstance(error, DBAPIError | OSError):
         return f"database unreachable: {what}"
@@ -157,7 +165,10 @@ def scheduler_view(state: EkbatanState) -> SchedulerView:
         ready=status.ready,
         stopping=status.stopping,
         database_reachable=status.database_reachable,
+        condition=status.condition,
+        condition_since=status.condition_since,
         last_error=redact(status.last_error) if status.last_error else None,
+        last_error_at=status.last_error_at,
         last_successful_poll=status.last_successful_poll,
         polling_strategy=status.polling_strategy,
         batch_size=status.batch_size,
@@ -217,7 +228,7 @@ async def build_report(
     except SchemaMissingError as error:
         problems.append(str(error))
     except Exception as error:  # a probe answers 503 with the reason rather than 500
-        problems.append(f"{describe_failure(error)}")
+        problems.append(describe_failure(error, state.registry.store.db.diagnose))
     else:
         tasks = [
             task_view(
@@ -236,7 +247,9 @@ async def build_report(
                 f"heartbeat {_age(task.heartbeat_age_seconds)}; it will be revived and run again"
             )
     jobs = await job_views(state, name, warnings) if now is not None else []
+    problems += _orphans(state, tasks, instances, now)
     scheduler = scheduler_view(state)
+    problems += _condition(state, scheduler)
     return JobsReport(
         healthy=not problems,
         problems=problems,
@@ -293,6 +306,57 @@ async def job_views(state: EkbatanState, name: str | None, warnings: list[str]) 
             app_version=stored.app_version if stored is not None else registry.config.app_version,
         )
     return [v for n, v in sorted(views.items()) if name is None or n == name]
+
+
+def _orphans(
+    state: EkbatanState,
+    tasks: list[TaskView],
+    instances: list[InstanceInfo],
+    now: datetime | None,
+) -> list[str]:
+    """Rows picked by a live instance that does not run them (a claim whose answer it never
+    saw): this instance knows what it runs; another live instance that reported itself well
+    after it last heartbeated the row does not run it either. Such a row is released by its
+    instance within about one heartbeat interval, or revived after the dead window."""
+    if now is None:
+        return []
+    scheduler = state.registry.scheduler
+    grace = 2 * state.registry.config.heartbeat_interval
+    seen = {i.name: i.last_seen for i in instances if i.alive}
+    found = []
+    for task in tasks:
+        if task.state != "running" or task.last_heartbeat is None:
+            continue
+        if now - task.last_heartbeat <= grace:
+            continue
+        if task.picked_by == scheduler.name:
+            if (task.name, task.instance) in scheduler.running:
+                continue
+            who = "this instance"
+        elif task.picked_by in seen and seen[task.picked_by] - task.last_heartbeat > grace:
+            who = f"the live instance {task.picked_by}"
+        else:
+            continue
+        found.append(
+            f"{task.name}/{task.instance} is picked by {who}, which does not run it (no "
+            f"heartbeat for {_age(task.heartbeat_age_seconds)}): an orphaned claim; it is "
+            "released within a heartbeat interval, or revived after the dead window"
+        )
+    return found
+
+
+def _condition(state: EkbatanState, scheduler: SchedulerView) -> list[str]:
+    """This instance's loops have been failing for longer than two polling intervals."""
+    since = scheduler.condition_since
+    if scheduler.condition in ("ok", "unknown") or since is None:
+        return []
+    lasting = overdue_after(state.registry.config.polling_interval)
+    if state.registry.scheduler.db_time() - since < lasting:
+        return []
+    return [
+        f"scheduler {scheduler.name}: {scheduler.condition} since {since.isoformat()}: "
+        f"{scheduler.last_error}"
+    ]
 
 
 def _age(seconds: float | None) -> str:

@@ -97,9 +97,20 @@ class SchedulerView(BaseModel):
     ready: bool = Field(description="reached the database and created its recurring rows")
     stopping: bool
     database_reachable: bool | None = Field(
-        description="as last seen by the scheduler's loops (null before the first attempt)"
+        description="as last seen by the scheduler's loops (null before the first attempt): "
+        "false while the database does not answer; an error that is its answer (read-only, "
+        "a pooler mismatch) leaves it true"
     )
-    last_error: str | None
+    condition: str = Field(
+        default="unknown",
+        description="now: ok, or what the last error means (unreachable, timeout, read-only, "
+        "pooler, schema-missing, lock-wait, error, loop-crashed)",
+    )
+    condition_since: datetime | None = Field(default=None, description="when it began")
+    last_error: str | None = Field(
+        description="the last error, kept after recovery (see condition and last_error_at)"
+    )
+    last_error_at: datetime | None = None
     last_successful_poll: datetime | None
     polling_strategy: str
     batch_size: int

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import ColumnElement, Executable
 
-from ..database import Database, is_autocommit
+from ..database import Database, Diagnosis, error_words, is_autocommit
 from ..tables import UTCDateTime
 from . import statements as q
 
@@ -39,6 +39,10 @@ ER_NO_SUCH_TABLE = 1146
 ER_LOCK_DEADLOCK = 1213
 ER_LOCK_WAIT_TIMEOUT = 1205
 _DEADLOCK_RETRIES = 5
+_READ_ONLY = (1290, 1792, 1836)
+"""--read-only / super_read_only, a READ ONLY transaction, a read-only replica."""
+_LOST = (2002, 2003, 2005, 2006, 2013, 2055)
+"""Cannot connect, server gone away, lost connection."""
 
 
 def errno(error: BaseException) -> int | None:
@@ -93,6 +97,28 @@ class MySQLDatabase(Database):
         key = {c.name for c in table.primary_key.columns}
         stmt = mysql.insert(table).values(rows)
         return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in rows[0] if c not in key})
+
+    def diagnose_driver(self, error: BaseException) -> Diagnosis | None:
+        code, words = errno(error), error_words(error)
+        if code in _READ_ONLY:
+            return Diagnosis(
+                "read-only", True, f"the database is read-only (a replica, or fenced): {words}"
+            )
+        if code in _LOST:
+            return Diagnosis("unreachable", False, f"database unreachable: {words}")
+        if code == ER_LOCK_WAIT_TIMEOUT:
+            return Diagnosis(
+                "lock-wait",
+                True,
+                "a row lock was held past innodb_lock_wait_timeout (a slow or orphaned "
+                f"transaction; see idle_transaction_timeout in docs/deployment.md): {words}",
+            )
+        if code is not None and code < 2000:
+            return Diagnosis("error", True, f"the database refused a statement: {words}")
+        return None
+
+    def must_discard(self, error: BaseException) -> bool:
+        return errno(error) in _READ_ONLY
 
     def upsert(self, table: Table, values: dict[str, Any], update: dict[str, Any]) -> Executable:
         return mysql.insert(table).values(values).on_duplicate_key_update(update)

@@ -1,0 +1,151 @@
+"""How the library's own PostgreSQL pool connects (asyncpg).
+
+* **A connect timeout per host.** asyncpg spends ``timeout`` as one budget over all the hosts
+  of a multi-host URL (``?host=A&host=B&target_session_attrs=read-write``): a first host that
+  accepts TCP and never answers (a frozen primary) uses all of it, and the second host is never
+  tried. ``HostConnector`` tries each host with its own timeout, as libpq does, and tries the
+  host that last worked first, so that after a failover only the first new connection pays
+  for the dead host.
+* **URL query values asyncpg wants as numbers** (``?statement_cache_size=0``,
+  ``?command_timeout=10``) arrive from the URL as strings; they are converted here.
+* **PgBouncer in transaction mode** (``pooler="pgbouncer-transaction"``): consecutive
+  transactions of one client run on different server connections, so no prepared statement may
+  outlive its statement. asyncpg then uses unnamed statements (``statement_cache_size=0``) and
+  SQLAlchemy's own prepared statements are unnamed and uncached as well. asyncpg sends
+  Parse/Describe/Flush and then Bind/Execute/Sync, so an unnamed statement stays on one server
+  connection (verified against PgBouncer 1.18: ``tests/test_deployments.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from ...domain.errors import ConfigurationError
+from ..options import PoolOptions, PoolSetup
+
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "ConnectFailed", "HostConnector", "pool_setup"]
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+"""Seconds per host to open a connection (and authenticate)."""
+
+_NUMERIC_QUERY: dict[str, type[int] | type[float]] = {
+    "timeout": float,
+    "command_timeout": float,
+    "statement_cache_size": int,
+    "max_cached_statement_lifetime": float,
+    "max_cacheable_statement_size": int,
+    "prepared_statement_cache_size": int,
+}
+"""asyncpg's (and SQLAlchemy's) connect arguments that must be numbers."""
+
+_ANY_HOST_ATTRS = (None, "any", "primary", "read-write")
+"""``target_session_attrs`` values for which the first acceptable host, in any order, will
+do; the others (``prefer-standby``, ...) are left to asyncpg's own host loop."""
+
+
+class ConnectFailed(ConnectionError):
+    """No host of the URL gave a usable connection; the message says why, host by host."""
+
+
+def _unnamed() -> str:
+    """SQLAlchemy's name for its prepared statements: the unnamed statement."""
+    return ""
+
+
+def _pairs(hosts: Any, ports: Any) -> list[tuple[str, int | None]]:
+    if not isinstance(hosts, list | tuple):
+        return []
+    port_list: Sequence[Any] = ports if isinstance(ports, list | tuple) else [ports] * len(hosts)
+    return [
+        (str(h), int(p) if p is not None else None) for h, p in zip(hosts, port_list, strict=False)
+    ]
+
+
+class HostConnector:
+    """``asyncpg.connect`` with a connect timeout per host (SQLAlchemy's ``async_creator_fn``)."""
+
+    def __init__(self) -> None:
+        self.preferred: tuple[str, int | None] | None = None
+        """The host that gave the last connection: tried first."""
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import asyncpg  # type: ignore[import-untyped]
+
+        timeout = float(kwargs.pop("timeout", DEFAULT_CONNECT_TIMEOUT))
+        pairs = _pairs(kwargs.get("host"), kwargs.get("port"))
+        attrs = kwargs.get("target_session_attrs")
+        if len(pairs) < 2 or attrs not in _ANY_HOST_ATTRS:
+            try:
+                return await asyncpg.connect(*args, timeout=timeout, **kwargs)
+            except TimeoutError:
+                where = _where(kwargs.get("host"), kwargs.get("port"))
+                raise ConnectFailed(
+                    f"no answer from {where} within {timeout:g}s while connecting (connect timeout)"
+                ) from None
+        kwargs.pop("host")
+        kwargs.pop("port", None)
+        order = sorted(pairs, key=lambda pair: pair != self.preferred)
+        failures: list[str] = []
+        for host, port in order:
+            try:
+                conn = await asyncpg.connect(*args, host=host, port=port, timeout=timeout, **kwargs)
+            except TimeoutError:
+                failures.append(
+                    f"{_where(host, port)}: no answer within {timeout:g}s (connect timeout)"
+                )
+            except Exception as error:
+                failures.append(f"{_where(host, port)}: {type(error).__name__}: {error}")
+            else:
+                self.preferred = (host, port)
+                return conn
+        raise ConnectFailed(
+            f"no host of the URL gave a connection ({'; '.join(failures)})"
+            + (f"; target_session_attrs={attrs}" if attrs else "")
+        )
+
+
+def _where(host: Any, port: Any) -> str:
+    return f"{host}:{port}" if port is not None else str(host)
+
+
+def _numeric_query(url: URL) -> tuple[URL, dict[str, Any]]:
+    """Move the numeric asyncpg arguments of the URL's query into connect arguments, as
+    numbers; a value that is not one is a ConfigurationError naming it."""
+    moved: dict[str, Any] = {}
+    for key, kind in _NUMERIC_QUERY.items():
+        if key not in url.query:
+            continue
+        raw = url.query[key]
+        text = raw[-1] if isinstance(raw, tuple) else raw
+        try:
+            moved[key] = kind(text)
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"the URL parameter {key}={text!r} must be a number (e.g. {key}=0)"
+            ) from None
+    return url.difference_update_query(list(moved)), moved
+
+
+def pool_setup(url: URL, connect_args: dict[str, Any], options: PoolOptions) -> PoolSetup:
+    """The library's own pool on ``url``: numeric query values converted, a connect timeout
+    per host, and (transaction pooling) no prepared statement that outlives its statement."""
+    url, from_query = _numeric_query(url)
+    args: dict[str, Any] = {"timeout": DEFAULT_CONNECT_TIMEOUT, **connect_args, **from_query}
+    if options.transaction_pooling:
+        for key in ("statement_cache_size", "prepared_statement_cache_size"):
+            if args.get(key, 0) != 0:
+                raise ConfigurationError(
+                    f"{key}={args[key]} contradicts pooler={options.pooler}: server connections "
+                    f"are shared between transactions there; drop {key} (the pooler setting "
+                    "sets it to 0)"
+                )
+        args.update(
+            statement_cache_size=0,
+            prepared_statement_cache_size=0,
+            prepared_statement_name_func=_unnamed,
+        )
+    args.setdefault("async_creator_fn", HostConnector())
+    return PoolSetup(url, args)
