@@ -104,6 +104,8 @@ class BenchOptions:
     transactional: bool = False
     """Complete each execution through ``ctx.transaction()`` (one transaction per execution
     with its completion and history), instead of the batched completion."""
+    max_concurrency: int | None = None
+    """Give the no-op job this cluster-wide concurrency limit (claimed under its lock)."""
     """Before each run, wait up to this many seconds for the machine to be quiet (CPU busy
     at most ``_QUIET``); the busy fraction seen is reported with the run either way."""
 
@@ -642,6 +644,8 @@ async def _spawn(
         args.append("--no-history")
     if options.transactional:
         args.append("--transactional")
+    if options.max_concurrency is not None:
+        args += ["--max-concurrency", str(options.max_concurrency)]
     if options.pgbouncer == "transaction":
         args += ["--pooler", "pgbouncer-transaction"]
     if options.cprofile_dir is not None:
@@ -792,6 +796,7 @@ async def run_benchmark(
             info["completion"] = (
                 "ctx.transaction() per execution" if options.transactional else "batched"
             )
+            info["max_concurrency"] = options.max_concurrency
             worker_url = None
             if options.pgbouncer:
                 try:
@@ -951,6 +956,9 @@ async def _worker(args: argparse.Namespace) -> int:
         def name(self) -> str:
             return TASK_NAME
 
+        def max_concurrency(self) -> int | None:
+            return args.max_concurrency  # type: ignore[no-any-return]
+
         async def execute(self, ctx: ExecutionContext) -> None:
             self.instances.append(ctx.task_instance)
             if args.transactional:
@@ -1073,6 +1081,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--transactional",
         action="store_true",
         help="complete each execution through ctx.transaction() (one transaction each)",
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="give the job this cluster-wide limit (its claims go through the limited path)",
     )
     p.add_argument(
         "--max-foreign",

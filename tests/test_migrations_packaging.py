@@ -38,6 +38,7 @@ def test_every_dialect_has_its_migrations(dialect: str, folder: str) -> None:
         "ekbatan_paused_tasks",
         "ekbatan_scheduler_instances",
     ]
+    assert found[2].tables == ["ekbatan_jobs"]
     with pytest.raises(ConfigurationError, match="dialect 'oracle' is not supported"):
         available_migrations("oracle")
 

@@ -64,6 +64,7 @@ async def test_migration_and_metadata_agree(engine: AsyncEngine, database_url: s
             "ekbatan_execution_history",
             "ekbatan_paused_tasks",
             "ekbatan_scheduler_instances",
+            "ekbatan_jobs",
         }
     )
     tasks = from_metadata["scheduled_tasks"]

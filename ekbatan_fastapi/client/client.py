@@ -8,43 +8,33 @@ in the same process. A local scheduler (``LocalScheduler``), when given, only ad
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from .domain.codec import encode_data
-from .domain.errors import (
+from ..domain.codec import encode_data
+from ..domain.errors import (
     ConfigurationError,
-    RunNotClaimedError,
     SchemaMissingError,
     TaskNotFoundError,
     TaskPausedError,
     TaskPickedError,
     UnknownJobError,
 )
-from .domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob
-from .domain.records import ExecutionRecord, InstanceInfo, JobDefinition, PauseInfo
-from .domain.rows import NewTask, TaskRow
-from .domain.schedules import Schedule
-from .domain.tasks import ScheduledTask, paused_message, slot_after_missed
-from .domain.text import MAX_NAME_LENGTH, is_storable_text, validate_name
-from .store.dialects import Store
-from .store.external import Caller
+from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob
+from ..domain.records import ExecutionRecord, InstanceInfo, JobDefinition, PauseInfo
+from ..domain.rows import NewTask, TaskRow
+from ..domain.schedules import Schedule
+from ..domain.tasks import ScheduledTask, paused_message, slot_after_missed
+from ..domain.text import validate_name
+from ..store.dialects import Store
+from ..store.external import Caller
+from .forced import forced_elsewhere
 
-__all__ = [
-    "MAX_NAME_LENGTH",
-    "LocalScheduler",
-    "ScheduledTask",
-    "SchedulerClient",
-    "is_storable_text",
-    "validate_name",
-]
+__all__ = ["LocalScheduler", "SchedulerClient"]
 
 _UNSET: Any = object()
 _DEFAULT_DEAD_AFTER = timedelta(seconds=60)
-_CLAIM_POLL = 0.05
-"""Seconds between looks for a claim during a forced run from outside the application."""
 
 
 class LocalScheduler(Protocol):
@@ -98,6 +88,11 @@ class SchedulerClient:
         self._dead_after = dead_after
 
     # -- one-time tasks ------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        """The stores this client reads and writes through."""
+        return self._store
 
     def _one_time_job(self, job_name: str) -> OneTimeJob:
         validate_name(job_name, "job name")
@@ -315,46 +310,7 @@ class SchedulerClient:
                 return None
             local.run_claimed(row)
             return local.name
-        return await self._forced_elsewhere(job_name, instance_id, pause, wait)
-
-    async def _forced_elsewhere(
-        self, job_name: str, instance_id: str, pause: PauseInfo, wait: float
-    ) -> str:
-        """Lift the pause, make the row due now (a notification wakes PostgreSQL instances at
-        once), and put the pause back, with its original who / when / why, as soon as the
-        row's version shows a claim, or after ``wait`` seconds. The pause is put back whatever
-        happens, including cancellation."""
-        where = f"{job_name}/{instance_id}"
-        await self._ops.resume(job_name)
-        try:
-            await self.reschedule(job_name, instance_id, None)
-            row = await self._tasks.get(job_name, instance_id)
-            claimed_by = await self._claimed(job_name, instance_id, row, wait)
-        finally:
-            await asyncio.shield(self._ops.restore_pause(pause))
-        if claimed_by is None:
-            raise RunNotClaimedError(
-                f"no instance claimed {where} within {wait:g} s (is an application with this "
-                "job running?); it stays paused, and due now: it runs when resumed"
-            )
-        return claimed_by
-
-    async def _claimed(
-        self, job_name: str, instance_id: str, row: TaskRow | None, wait: float
-    ) -> str | None:
-        finished = "an instance (the run already finished)"
-        if row is None:
-            return finished  # a one-time instance is deleted
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while loop.time() < deadline:
-            now = await self._tasks.get(job_name, instance_id)
-            if now is None:
-                return finished
-            if now.version != row.version:
-                return now.picked_by or finished
-            await asyncio.sleep(_CLAIM_POLL)
-        return None
+        return await forced_elsewhere(self, job_name, instance_id, pause, wait)
 
     # -- operations: history, pause/resume, instances ------------------------------------
 
