@@ -58,6 +58,26 @@ def test_modules_from_the_environment_may_be_a_json_list(monkeypatch: pytest.Mon
     assert EkbatanSettings().jobs.modules == ["a.jobs", "b.jobs"]
 
 
+def test_a_section_variable_that_is_not_json_names_the_variable_and_both_fixes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("EKBATAN_JOBS__OVERRIDES", "timeout=PT5M")
+    with pytest.raises(ConfigurationError) as caught:
+        EkbatanSettings()
+    message = str(caught.value)
+    assert "EKBATAN_JOBS__OVERRIDES='timeout=PT5M'" in message
+    assert "ekbatan.jobs.overrides is a section" in message and "JSON" in message
+    assert "EKBATAN_JOBS__OVERRIDES__<key>" in message
+
+
+def test_one_override_per_variable_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EKBATAN_JOBS__OVERRIDES__SEND_REPORT__TIMEOUT", "PT5M")
+    monkeypatch.setenv("EKBATAN_JOBS__OVERRIDES__SEND_REPORT__MAX_CONCURRENCY", "2")
+    override = EkbatanSettings().jobs.override_for("send-report")
+    assert override is not None
+    assert override.timeout == timedelta(minutes=5) and override.max_concurrency == 2
+
+
 def test_shorthand_duration_in_environment_names_the_key_and_the_iso_form(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

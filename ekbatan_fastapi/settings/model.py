@@ -12,11 +12,13 @@ This module does not import FastAPI: the settings are usable from any process.
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, get_args, get_origin
 
 from pydantic import (
+    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -260,8 +262,8 @@ class EkbatanSettings(BaseSettings):
         except ValidationError as error:
             raise ConfigurationError(_describe(error)) from None
         except SettingsError as error:
-            # e.g. EKBATAN_JOBS='{not json': pydantic-settings names the field and source.
-            raise ConfigurationError(f"invalid ekbatan settings: {error}") from None
+            # e.g. EKBATAN_JOBS__OVERRIDES='not json': pydantic-settings names only the field.
+            raise ConfigurationError(_describe_environment(error)) from None
         finally:
             CONFIG_FILE.reset(token)
 
@@ -343,3 +345,48 @@ def _describe(error: ValidationError) -> str:
             message = f"unknown key; the keys of {where} are {known}"
         lines.append(f"  - {path} (environment: {env}): {message}")
     return "invalid ekbatan settings:\n" + "\n".join(lines)
+
+
+def _structured_field(path: list[str]) -> bool:
+    """Whether ``EKBATAN_<path>`` names a mapping, list or section, which the environment
+    must spell as JSON (or one variable per leaf)."""
+    annotation: Any = EkbatanSettings
+    for part in path:
+        while get_origin(annotation) in (dict, list):
+            annotation = get_args(annotation)[-1]
+            part = ""
+        if not part:
+            continue
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return False
+        fields = {canonical_key(name): field for name, field in annotation.model_fields.items()}
+        field = fields.get(canonical_key(part))
+        if field is None:
+            return False
+        annotation = field.annotation
+    return get_origin(annotation) in (dict, list) or (
+        isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    )
+
+
+def _describe_environment(error: SettingsError) -> str:
+    """Name each ``EKBATAN_`` variable that holds a section but is not JSON, and the fix."""
+    named = []
+    for variable, value in os.environ.items():
+        if not variable.upper().startswith(_ENV_PREFIX) or variable.upper() == CONFIG_FILE_ENV:
+            continue
+        path = variable[len(_ENV_PREFIX) :].lower().split("__")
+        if not _structured_field(path):
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            dotted = "ekbatan." + ".".join(display_key(part) for part in path)
+            named.append(
+                f"  {variable}={value[:40]!r}: {dotted} is a section, so the variable must "
+                f"hold JSON (e.g. {variable}='{{...}}'), or set one value per variable "
+                f"({variable}__<key>=...)"
+            )
+    if not named:
+        return f"invalid ekbatan settings: {error}"
+    return "invalid ekbatan settings:\n" + "\n".join(named)
