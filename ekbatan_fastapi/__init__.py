@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .client import SchedulerClient
+from .client.backfill import BackfillResult
+from .domain.catchup import CatchUp
 from .domain.clock import Clock, OffsetClock, SystemClock
 from .domain.codec import TaskDataError
 from .domain.context import ExecutionContext, HeartbeatState
@@ -32,7 +34,7 @@ from .domain.failure import ExponentialBackoff, FailureHandler, MaxRetries, Retr
 from .domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, distributed_job
 from .domain.records import ExecutionRecord, InstanceInfo, Outcome, PauseInfo
 from .domain.rows import PollingStrategy
-from .domain.schedules import Schedule, Schedules, parse_schedule
+from .domain.schedules import Jittered, Schedule, Schedules, parse_schedule
 from .domain.tasks import ScheduledTask
 from .domain.version import VERSION
 from .engine.config import SchedulerConfig
@@ -98,6 +100,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the core's
     "RECURRING_INSTANCE",
+    "BackfillResult",
+    "CatchUp",
     "Clock",
     "ConfigurationError",
     "ConnectionProvider",
@@ -113,6 +117,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "FailureHandler",
     "HeartbeatState",
     "InstanceInfo",
+    "Jittered",
     "Job",
     "JobRegistry",
     "JobRegistryBuilder",

@@ -154,6 +154,13 @@ class EkbatanMetrics(SchedulerObserver):
             "Executions whose heartbeats stopped, revived by this instance.",
             task,
         )
+        self.slots = metric(
+            prom.Counter,
+            "ekbatan_slots",
+            "Slots of recurring tasks decided by their catch-up policy, by decision: missed "
+            "(coalesced into a later run), caught_up (run late, one by one), skipped (not run).",
+            ("task", "decision"),
+        )
 
     def _define_limit_metrics(self) -> None:
         prom, metric = self._prom, self._metric
@@ -262,6 +269,11 @@ class EkbatanMetrics(SchedulerObserver):
         self, task_name: str, task_instance: str, picked_by: str | None
     ) -> None:
         self.dead_revived.labels(task_name).inc()
+
+    def slots_counted(self, task_name: str, missed: int, caught_up: int, skipped: int) -> None:
+        for decision, count in (("missed", missed), ("caught_up", caught_up), ("skipped", skipped)):
+            if count:
+                self.slots.labels(task_name, decision).inc(count)
 
     def database_error(self, operation: str, error: BaseException) -> None:
         self.database_errors.labels(operation).inc()

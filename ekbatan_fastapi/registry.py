@@ -13,6 +13,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .client import SchedulerClient
+from .domain.catchup import CatchUp
 from .domain.clock import Clock
 from .domain.errors import ConfigurationError
 from .domain.job import DistributedJob, Job, OneTimeJob
@@ -310,12 +311,24 @@ def _validate_jobs(jobs: list[Job]) -> list[Job]:
                 f"two jobs are named {name!r} ({type(seen[name]).__name__} and {kind}); "
                 "job names are cluster-wide unique task names"
             )
-        if isinstance(job, DistributedJob) and not isinstance(job.schedule(), Schedule):
-            raise ConfigurationError(
-                f"{kind}.schedule() must return a Schedule (see Schedules), got {job.schedule()!r}"
-            )
+        if isinstance(job, DistributedJob):
+            _check_recurring(job, kind)
         seen[name] = job
     return list(seen.values())
+
+
+def _check_recurring(job: DistributedJob, kind: str) -> None:
+    schedule = job.schedule()
+    if not isinstance(schedule, Schedule):
+        raise ConfigurationError(
+            f"{kind}.schedule() must return a Schedule (see Schedules), got {schedule!r}"
+        )
+    catch_up = job.catch_up()
+    if not isinstance(catch_up, CatchUp):
+        raise ConfigurationError(
+            f"{kind}.catch_up() must return CatchUp.latest(), CatchUp.all(max_slots) or "
+            f"CatchUp.skip(grace), got {catch_up!r}"
+        )
 
 
 def job_registry() -> JobRegistryBuilder:

@@ -5,6 +5,8 @@ Modes:
   long   a job that records its start in ``starts`` and then runs until the process dies
   limited  a one-time job ``export`` with max_concurrency 2 that records its start and end in
          ``spans`` and sleeps ``--work`` seconds
+  rollout  a recurring job ``rolling`` with the schedule ``--schedule`` (its string form), run by
+         an application of version ``--app-version`` (a rolling deploy)
 It prints READY once its scheduler reached the database, and stops gracefully on SIGTERM.
 The two tables are described by ``LEDGERS`` (portable over every dialect; tests create them).
 """
@@ -125,25 +127,45 @@ class ExportJob(OneTimeJob):
             )
 
 
+class RollingJob(DistributedJob):
+    def __init__(self, schedule: str) -> None:
+        self._schedule = Schedules.parse_schedule(schedule)
+
+    def name(self) -> str:
+        return "rolling"
+
+    def schedule(self) -> Schedule:
+        return self._schedule
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        pass
+
+
+def _job(args: argparse.Namespace, engine: AsyncEngine) -> Job:
+    if args.mode == "slots":
+        return SlotsJob(engine, args.period)
+    if args.mode == "long":
+        return LongJob(engine)
+    if args.mode == "rollout":
+        return RollingJob(args.schedule)
+    return ExportJob(engine, args.work)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["slots", "long", "limited"])
+    parser.add_argument("mode", choices=["slots", "long", "limited", "rollout"])
     parser.add_argument("url")
     parser.add_argument("--heartbeat", type=float, default=0.2)
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--period", type=float, default=0.2)
     parser.add_argument("--dialect", default=None, help="a b.dialect(...) override")
     parser.add_argument("--work", type=float, default=0.3, help="seconds per export")
+    parser.add_argument("--schedule", default="FIXED_RATE|PT1H", help="rollout: the schedule")
+    parser.add_argument("--app-version", default=None, help="rollout: jobs.app-version")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[{os.getpid()}] %(levelname)s %(message)s")
     engine = create_async_engine(args.url, pool_size=2)
-    job: Job = (
-        SlotsJob(engine, args.period)
-        if args.mode == "slots"
-        else LongJob(engine)
-        if args.mode == "long"
-        else ExportJob(engine, args.work)
-    )
+    job = _job(args, engine)
     registry = (
         job_registry()
         .connection_provider(args.url)
@@ -153,6 +175,7 @@ async def main() -> None:
         .shutdown_max_wait(timedelta(seconds=1))
         .customize_scheduler(lambda b: b.missed_heartbeats_limit(4))
         .customize_scheduler(lambda b: b.dialect(args.dialect) if args.dialect else None)
+        .customize_scheduler(lambda b: b.app_version(args.app_version))
         .build()
     )
     stop = asyncio.Event()

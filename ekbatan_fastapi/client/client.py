@@ -21,14 +21,15 @@ from ..domain.errors import (
     TaskPickedError,
     UnknownJobError,
 )
-from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob
+from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, schedule_of
 from ..domain.records import ExecutionRecord, InstanceInfo, JobDefinition, PauseInfo
 from ..domain.rows import NewTask, TaskRow
-from ..domain.schedules import Schedule
+from ..domain.schedules import Schedule, parse_schedule
 from ..domain.tasks import ScheduledTask, paused_message, slot_after_missed
 from ..domain.text import validate_name
 from ..store.dialects import Store
 from ..store.external import Caller
+from .backfill import BackfillResult, backfill
 from .forced import forced_elsewhere
 
 __all__ = ["LocalScheduler", "SchedulerClient"]
@@ -116,6 +117,15 @@ class SchedulerClient:
                 self._scheduler.request_poll()
             else:
                 self._scheduler.note_due(at)
+
+    @property
+    def jobs(self) -> Mapping[str, Job]:
+        """The jobs registered here."""
+        return self._jobs
+
+    async def wake_cluster(self) -> None:
+        """Work is due now: wake the local poller and every listening instance."""
+        await self._woken(None, notify=True)
 
     async def _woken(self, at: datetime | None, *, notify: bool) -> None:
         """Something is due at ``at`` (None: now): wake the local poller, and (``notify``)
@@ -386,7 +396,7 @@ class SchedulerClient:
         validate_name(job_name, "job name")
         job = self._jobs.get(job_name)
         if isinstance(job, DistributedJob):
-            schedule = job.schedule()
+            schedule = schedule_of(job)
         row = await self._tasks.get(job_name, RECURRING_INSTANCE)
         if row is None:
             return None
@@ -394,10 +404,14 @@ class SchedulerClient:
         task = ScheduledTask.from_row(row)
         if task.picked or task.execution_time > now:
             return None
+        stored = (await self.job_definitions()).get(job_name) if schedule is None else None
+        if stored is not None and stored.schedule is not None:
+            schedule = parse_schedule(stored.schedule).bind(job_name)
         if schedule is None:
             raise ConfigurationError(
                 f"{job_name} is overdue since {row.execution_time.isoformat()}; skipping to its "
-                "next slot needs the job's schedule, which the table does not store: pass the "
+                "next slot needs the job's schedule, which is neither registered here nor "
+                "stored in ekbatan_jobs (migration V0003): pass the "
                 "schedule (the CLI: --schedule 'FIXED_RATE|PT1H'), or resume from an "
                 "application that registers the job"
             )
@@ -407,6 +421,24 @@ class SchedulerClient:
         ):
             raise TaskPickedError(f"{job_name} changed meanwhile (it may be running); try again")
         return following
+
+    async def backfill(
+        self,
+        job_name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        force: bool = False,
+        force_hint: str = "force=True",
+    ) -> BackfillResult:
+        """Run each slot of the recurring job's schedule in ``[start, end)`` once, with
+        ``ctx.execution_time`` = the slot, as one-time rows of the job
+        (``backfill:<slot>``) on whichever instance claims them; asking again for the same
+        slots adds nothing. A paused job raises TaskPausedError unless ``force`` (the rows
+        then wait until it is resumed)."""
+        begin, until = _aware(start, "start"), _aware(end, "end")
+        assert begin is not None and until is not None
+        return await backfill(self, job_name, begin, until, force=force, force_hint=force_hint)
 
     async def paused(self) -> dict[str, PauseInfo]:
         """Every paused task (empty when the operations tables are missing)."""
@@ -444,6 +476,10 @@ class SchedulerClient:
         if not await self._store.jobs.look():
             return {}
         return await self._store.jobs.definitions()
+
+    async def backfill_counts(self) -> dict[str, int]:
+        """Backfilled slots waiting or running, by job, cluster-wide."""
+        return await self._store.jobs.backfills()
 
     async def running_counts(self) -> dict[str, int]:
         """Executions running now across the cluster, by job name."""

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from .codec import decode_data
 from .errors import ConfigurationError
+from .rows import RECURRING_INSTANCE
 
 __all__ = ["ExecutionContext", "HeartbeatState", "TransactionOpener"]
 
@@ -100,6 +101,8 @@ class ExecutionContext:
     """Answers ``is_timed_out`` (the scheduler's timer)."""
     transactions: TransactionOpener | None = field(default=None, repr=False)
     """What ``transaction()`` opens: set by the scheduler (None: no database at hand)."""
+    is_backfill: bool = False
+    """A slot run again by ``client.backfill`` (``task_instance`` is ``backfill:<slot>``)."""
 
     @cached_property
     def data(self) -> Any:
@@ -131,8 +134,11 @@ class ExecutionContext:
     @property
     def idempotency_key(self) -> tuple[str, str, datetime]:
         """``(task_name, task_instance, execution_time)``: the same in a revived execution of
-        this slot, different for every other slot."""
-        return (self.task_name, self.task_instance, self.execution_time)
+        this slot, different for every other slot. A backfilled slot has the key of the
+        recurring slot it stands for (``task_instance`` ``recurring``): effects keyed by it
+        happen once per slot, however often it is run."""
+        instance = RECURRING_INSTANCE if self.is_backfill else self.task_instance
+        return (self.task_name, instance, self.execution_time)
 
     def transaction(self, target: Any = None) -> AbstractAsyncContextManager[Any]:
         """A transaction whose effects commit together with this slot's completion:

@@ -8,7 +8,10 @@ from collections.abc import Awaitable
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
+from .rows import RECURRING_INSTANCE
+
 if TYPE_CHECKING:
+    from .catchup import CatchUp
     from .context import ExecutionContext
     from .failure import FailureHandler
     from .schedules import Schedule
@@ -20,10 +23,9 @@ __all__ = [
     "OneTimeJob",
     "distributed_job",
     "is_distributed_job",
+    "schedule_of",
 ]
 
-RECURRING_INSTANCE = "recurring"
-"""The ``task_instance`` of a recurring job's single row (db-scheduler's convention)."""
 
 _MARKER = "__ekbatan_distributed_job__"
 
@@ -62,6 +64,19 @@ class DistributedJob(Job):
     @abc.abstractmethod
     def schedule(self) -> Schedule:
         """When the job runs; see ``Schedules``."""
+
+    def catch_up(self) -> CatchUp:
+        """What happens to the slots missed while nothing ran the job: ``CatchUp.latest()``
+        (the default: coalesced into one run), ``CatchUp.all(max_slots)`` or
+        ``CatchUp.skip(grace)``; see ``CatchUp``."""
+        from .catchup import CatchUp
+
+        return CatchUp.latest()
+
+
+def schedule_of(job: DistributedJob) -> Schedule:
+    """The job's schedule bound to its name (jitter derives its offsets from the name)."""
+    return job.schedule().bind(job.name())
 
 
 class OneTimeJob(Job):

@@ -24,6 +24,8 @@ class Outcome(StrEnum):
     """Cancelled at shutdown; its slot was released to run again."""
     TIMED_OUT = "timed_out"
     """Ran longer than its job's ``timeout()``: a failure."""
+    SKIPPED = "skipped"
+    """Not an execution: slots its catch-up policy did not run (the message says which)."""
 
 
 def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> Outcome:
@@ -33,6 +35,8 @@ def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> O
         return Outcome.SUPERSEDED
     if finish.kind is FinishKind.RELEASED:
         return Outcome.CANCELLED
+    if finish.kind is FinishKind.SKIPPED:
+        return Outcome.SKIPPED
     if isinstance(error, JobTimedOut):
         return Outcome.TIMED_OUT
     if finish.kind is FinishKind.FAILED or error is not None:
@@ -109,3 +113,11 @@ class JobDefinition:
     """The concurrency limit is per ``concurrency_key``."""
     written_by: str
     written_at: datetime
+    catch_up: str | None = None
+    """A recurring job's catch-up policy (``latest``, ``all(max_slots=48)``, ``skip(...)``)."""
+    missed: int = 0
+    """Slots coalesced into a later run (``CatchUp.latest``), cluster-wide, as counted."""
+    caught_up: int = 0
+    """Slots run late, one by one (``CatchUp.all``)."""
+    skipped: int = 0
+    """Slots not run by the policy (``CatchUp.skip``; ``CatchUp.all`` past ``max_slots``)."""

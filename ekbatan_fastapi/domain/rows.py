@@ -8,6 +8,7 @@ from datetime import datetime
 from enum import IntEnum, StrEnum
 
 __all__ = [
+    "RECURRING_INSTANCE",
     "Finish",
     "FinishKind",
     "NewTask",
@@ -18,6 +19,9 @@ __all__ = [
     "TaskKey",
     "TaskRow",
 ]
+
+RECURRING_INSTANCE = "recurring"
+"""The ``task_instance`` of a recurring job's single row (db-scheduler's convention)."""
 
 TaskKey = tuple[str, str]
 """``(task_name, task_instance)``: the primary key."""
@@ -81,6 +85,8 @@ class FinishKind(IntEnum):
     """Unpick, keep ``execution_time`` and counters (an execution cancelled at shutdown)."""
     DELETED = 3
     """Delete the row (a one-time instance that succeeded or was given up)."""
+    SKIPPED = 4
+    """Reschedule to ``next_time``, counters unchanged: the catch-up policy ran nothing."""
 
 
 @dataclass(frozen=True, slots=True)

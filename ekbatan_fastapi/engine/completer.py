@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..domain.job import RECURRING_INSTANCE
 from ..domain.records import ExecutionRecord
-from ..domain.rows import Finish, TaskKey
+from ..domain.rows import Finish, FinishKind, TaskKey
 from ..store.tasks import HistoryTableMissing, HistoryUnwritable, TaskStore
 from .alarm import Alarm
 from .backoff import Backoff
@@ -22,6 +22,7 @@ from .link import DatabaseLink
 from .logs import log_extra
 from .observer import ObserverDispatch, finished_event
 from .running import RunningExecutions
+from .slots import SlotCounter
 
 __all__ = ["Completer"]
 
@@ -62,6 +63,7 @@ class Completer:
         history: HistoryRecorder,
         observer: ObserverDispatch,
         limited: set[str] | None = None,
+        counter: SlotCounter | None = None,
     ) -> None:
         self.name = name
         self.tasks = tasks
@@ -71,6 +73,8 @@ class Completer:
         self.running = running
         self.history = history
         self.observer = observer
+        self.counter = counter
+        """Counts the slots catch-up policies decided (None: not counted)."""
         self.limited = limited or set()
         """Jobs with a concurrency limit: an execution of one that ends frees a place."""
         self.pending: list[tuple[Finish, Execution]] = []
@@ -104,6 +108,8 @@ class Completer:
         if not execution.history_written:
             self.history.record(execution, finish, True)
         self.running.recorded()
+        if self.counter is not None and self.counter.pending:
+            self._ready.set()
 
     async def _room_freed(self, finishes: Iterable[Finish]) -> None:
         """A limited job's execution ended: its place is free. Claim again here, and (where
@@ -133,6 +139,8 @@ class Completer:
         backoff = Backoff(self.config.polling_interval.total_seconds())
         while True:
             if not self.pending:
+                if self.counter is not None and self.counter.pending:
+                    await self.counter.flush()
                 if self.closed:
                     return
                 self.lease.idle()
@@ -221,7 +229,7 @@ class Completer:
         """One result written (``ok``) or found superseded: forget the execution, tell the
         observers, plan the recurring row's next slot."""
         self.running.forget(execution)
-        if self.observer.active:
+        if self.observer.active and finish.kind is not FinishKind.SKIPPED:  # not an execution
             self.observer.execution_finished(finished_event(execution, finish, ok))
         if not ok:
             log.warning(
@@ -235,5 +243,8 @@ class Completer:
                 else "",
                 extra=log_extra(execution.row, self.name),
             )
-        elif finish.next_time is not None and finish.owned.task_instance == RECURRING_INSTANCE:
-            self.alarm.note_due(finish.next_time)
+        else:
+            if self.counter is not None:
+                self.counter.count(execution, finish)
+            if finish.next_time is not None and finish.owned.task_instance == RECURRING_INSTANCE:
+                self.alarm.note_due(finish.next_time)

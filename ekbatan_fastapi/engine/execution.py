@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from ..domain.catchup import CatchUp, SlotPlan, next_after_run, skip_message
 from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
-from ..domain.job import DistributedJob, Job, OneTimeJob
+from ..domain.failure import ExponentialBackoff, FailureHandler
+from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob
 from ..domain.records import ExecutionRecord, outcome_of
 from ..domain.rows import Finish, FinishKind, Owned, TaskRow
 from ..domain.text import storable
@@ -22,6 +24,10 @@ if TYPE_CHECKING:
 __all__ = ["Execution"]
 
 log = logging.getLogger(__name__)
+
+BACKFILL_RETRY = ExponentialBackoff(timedelta(seconds=10), rate=2.0, maximum=timedelta(hours=1))
+"""How a failed backfilled slot is retried (db-scheduler's one-time default is five minutes;
+a backfill is watched while it runs, so it starts sooner)."""
 
 _MESSAGE_LIMIT = 2000
 """Characters of an error message kept in the history (the column's limit)."""
@@ -48,6 +54,25 @@ class Execution:
     """Its history record was committed by ``ctx.transaction()``."""
     timed_out: bool = False
     """It ran past its job's timeout."""
+    slot: datetime | None = None
+    """The slot it runs (``ctx.execution_time``): the row's time without jitter, the slot a
+    catch-up policy chose, a backfilled slot. None: the row's ``execution_time``."""
+    catch_up: CatchUp | None = None
+    plan: SlotPlan | None = None
+    """What the job's catch-up policy decided when the row was claimed (recurring rows)."""
+    missed: int = 0
+    """Slots its next time coalesces (``CatchUp.latest``), set by ``finish``."""
+    backfill: bool = False
+    """A backfilled slot: one-time work of the recurring job, deleted once it succeeds."""
+
+    @property
+    def recurring(self) -> bool:
+        """The recurring row of a recurring job (its next time comes from its schedule)."""
+        return self.schedule is not None and self.row.task_instance == RECURRING_INSTANCE
+
+    @property
+    def execution_time(self) -> datetime:
+        return self.slot if self.slot is not None else self.row.execution_time
 
     @property
     def owned(self) -> Owned:
@@ -65,7 +90,7 @@ class Execution:
         return ExecutionContext(
             task_name=row.task_name,
             task_instance=row.task_instance,
-            execution_time=row.execution_time,
+            execution_time=self.execution_time,
             picked_by=row.picked_by or "",
             version=row.version,
             task_data=row.task_data,
@@ -74,6 +99,7 @@ class Execution:
             shutting_down=shutting_down,
             timed_out=lambda: self.timed_out,
             transactions=transactions,
+            is_backfill=self.backfill,
         )
 
     def record(self, finish: Finish, recorded: bool = True) -> ExecutionRecord:
@@ -83,14 +109,38 @@ class Execution:
         return ExecutionRecord(
             task_name=row.task_name,
             task_instance=row.task_instance,
-            execution_time=row.execution_time,
+            execution_time=self.execution_time,
             picked_by=row.picked_by,
             started_at=self.started,
             finished_at=self.finished_at or self.started,
             outcome=outcome_of(finish, recorded, error).value,
             error_class=None if error is None else storable(type(error).__qualname__, 200),
-            error_message=None if error is None else storable(str(error), _MESSAGE_LIMIT),
+            error_message=self._message(finish, error),
             version=row.version,
+        )
+
+    def _message(self, finish: Finish, error: BaseException | None) -> str | None:
+        if finish.kind is FinishKind.SKIPPED and self.plan is not None:
+            return storable(skip_message(self.plan, self.catch_up), _MESSAGE_LIMIT)
+        return None if error is None else storable(str(error), _MESSAGE_LIMIT)
+
+    def skip_record(self) -> ExecutionRecord | None:
+        """The history record of the slots the catch-up policy skipped before the one this
+        execution runs (None: none were)."""
+        plan = self.plan
+        if plan is None or not plan.skipped or plan.slot is None:
+            return None
+        assert plan.skipped_from is not None
+        return ExecutionRecord(
+            task_name=self.row.task_name,
+            task_instance=self.row.task_instance,
+            execution_time=plan.skipped_from,
+            picked_by=self.row.picked_by,
+            started_at=self.started,
+            finished_at=self.started,
+            outcome="skipped",
+            error_class=None,
+            error_message=storable(skip_message(plan, self.catch_up), _MESSAGE_LIMIT),
         )
 
     def finish(
@@ -106,16 +156,13 @@ class Execution:
         if cancelled:
             return Finish(owned, FinishKind.RELEASED)
         try:
-            if isinstance(self.job, DistributedJob):
-                schedule = self.schedule if self.schedule is not None else self.job.schedule()
-                next_time = schedule.next_execution_time(self.row.execution_time, now)
+            if isinstance(self.job, DistributedJob) and not self.backfill:
                 kind = FinishKind.SUCCEEDED if error is None else FinishKind.FAILED
-                return Finish(owned, kind, next_time)
+                return Finish(owned, kind, self._next_slot(now))
             if error is None:
                 return Finish(owned, FinishKind.DELETED)
-            assert isinstance(self.job, OneTimeJob)
             failures = (self.row.consecutive_failures or 0) + 1
-            retry_at = self.job.failure_handler().next_attempt(failures, now)
+            retry_at = self._failure_handler().next_attempt(failures, now)
         except Exception:
             log.exception(
                 "could not compute the next time of %s; retrying it in %s",
@@ -133,3 +180,23 @@ class Execution:
             )
             return Finish(owned, FinishKind.DELETED)
         return Finish(owned, FinishKind.FAILED, retry_at)
+
+    def _next_slot(self, now: datetime) -> datetime:
+        """A recurring row's next due time after this run, per its catch-up policy."""
+        assert isinstance(self.job, DistributedJob)
+        schedule = self.schedule if self.schedule is not None else self.job.schedule()
+        if self.row.task_instance != RECURRING_INSTANCE:
+            return schedule.next_execution_time(self.row.execution_time, now)
+        next_time, self.missed = next_after_run(
+            schedule,
+            self.catch_up or CatchUp.latest(),
+            self.row.execution_time,
+            schedule.slot_of(self.row.execution_time) if self.slot is None else self.slot,
+            now,
+        )
+        return next_time
+
+    def _failure_handler(self) -> FailureHandler:
+        if isinstance(self.job, OneTimeJob):
+            return self.job.failure_handler()
+        return BACKFILL_RETRY

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from ..domain.backfill import backfill_slot
+from ..domain.catchup import CatchUp, SlotPlan, plan
 from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.errors import ExecutionSuperseded, JobTimedOut
-from ..domain.job import Job
+from ..domain.job import RECURRING_INSTANCE, Job
 from ..domain.limits import JobLimits
-from ..domain.rows import Finish, TaskRow
+from ..domain.rows import Finish, FinishKind, TaskRow
 from ..domain.schedules import Schedule
 from .config import SchedulerConfig
 from .execution import Execution
@@ -48,6 +50,8 @@ class Executor:
         settled: Callable[[Finish, Execution], None],
         transactions: Callable[[Execution], TransactionOpener] | None = None,
         limits: Mapping[str, JobLimits] | None = None,
+        catch_ups: Mapping[str, CatchUp] | None = None,
+        before_recording: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
         self.jobs = jobs
@@ -65,6 +69,9 @@ class Executor:
         """Builds an execution's ``ctx.transaction()`` (None: without a database)."""
         self._is_async = {name: job.is_async for name, job in jobs.items()}
         self._timeouts = {n: lim.timeout for n, lim in (limits or {}).items() if lim.timeout}
+        self._catch_ups = dict(catch_ups or {})
+        self._before_recording = before_recording
+        """Awaited before a recurring row's next time is computed (the newest schedule)."""
         self._timer = TimeoutRunner(name, config.grace)
         self._threads: ThreadPoolExecutor | None = None
 
@@ -84,12 +91,47 @@ class Executor:
             row, job, heartbeat, self.link.now(), schedule=self.schedules.get(row.task_name)
         )
         self.running.started(execution)
+        if not self._prepare(execution):
+            self.running.returned()
+            assert execution.plan is not None
+            skipped = Finish(execution.owned, FinishKind.SKIPPED, execution.plan.next_time)
+            self.submit(skipped, execution)
+            return
         if self.observer.active:
             lag = (execution.started - row.execution_time).total_seconds()
             self.observer.execution_started(row.task_name, row.task_instance, lag)
         execution.task = asyncio.create_task(
             self._run(execution), name=f"ekbatan:{execution.label}"
         )
+
+    def _prepare(self, execution: Execution) -> bool:
+        """Decide which slot the execution runs (False: its catch-up policy runs none)."""
+        row, schedule = execution.row, execution.schedule
+        if schedule is None:
+            return True
+        if row.task_instance != RECURRING_INSTANCE:
+            slot = backfill_slot(row.task_instance)
+            execution.backfill = slot is not None
+            execution.slot = slot
+            return True
+        catch_up = self._catch_ups.get(row.task_name)
+        try:
+            decided = plan(
+                schedule, catch_up or CatchUp.latest(), row.execution_time, execution.started
+            )
+        except Exception:
+            log.exception(
+                "could not apply the catch-up policy of %s; running its slot as it is",
+                execution.label,
+                extra=self._extra(row),
+            )
+            decided = SlotPlan(row.execution_time)
+        execution.catch_up, execution.plan = catch_up, decided
+        execution.slot = decided.slot
+        if decided.slot is None:
+            execution.finished_at = execution.started
+            return False
+        return True
 
     async def _run(self, execution: Execution) -> None:
         began = self.config.clock.monotonic()
@@ -104,6 +146,9 @@ class Executor:
         if execution.settled is not None:
             self._after_commit(execution, error)
             return
+        if self._before_recording is not None and execution.recurring and not cancelled:
+            await self._before_recording()
+            execution.schedule = self.schedules.get(execution.row.task_name, execution.schedule)
         self._log_failure(execution, error)
         execution.error = error
         execution.finished_at = self.link.now()

@@ -118,6 +118,11 @@ class HistoryRecorder:
 
     def record(self, execution: Execution, finish: Finish, recorded: bool) -> None:
         """Buffer one execution's record (no I/O)."""
+        if self.enabled:
+            self.add(execution.record(finish, recorded))
+
+    def add(self, record: ExecutionRecord) -> None:
+        """Buffer one record (no I/O)."""
         if not self.enabled:
             return
         if len(self._buffer) >= _MAX_BUFFER:
@@ -130,7 +135,7 @@ class HistoryRecorder:
                     self._dropped,
                 )
             return
-        self._buffer.append(execution.record(finish, recorded))
+        self._buffer.append(record)
         self._ready.set()
         if len(self._buffer) >= _MAX_BATCH:
             self._full.set()

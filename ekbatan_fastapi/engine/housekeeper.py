@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 from ..store.tasks import TaskStore
@@ -49,6 +49,7 @@ class Housekeeper:
         running: RunningExecutions,
         history: HistoryRecorder,
         observer: ObserverDispatch,
+        refresh_definitions: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
         self.names = list(names)
@@ -63,6 +64,8 @@ class Housekeeper:
         self.running = running
         self.history = history
         self.observer = observer
+        self.refresh_definitions = refresh_definitions
+        """Re-reads the stored job definitions (a newer version's schedules)."""
         self.next_death: datetime | None = None
         """When the next picked row would be dead (database time): check for it then."""
         self._last_maintenance = -1e9
@@ -92,6 +95,8 @@ class Housekeeper:
             await self.revive_dead()  # first: failover time does not wait for the others
             await self.release_orphans()
             await self.history.report_instance(self.state.started_at or self.link.now())
+            if self.refresh_definitions is not None:
+                await self.refresh_definitions()
             await self.maintain()
 
     def _may_revive(self) -> bool:

@@ -99,6 +99,11 @@ class SchedulerObserver:
     ) -> None:
         """This instance revived an execution whose heartbeats stopped (``picked_by`` ran it)."""
 
+    def slots_counted(self, task_name: str, missed: int, caught_up: int, skipped: int) -> None:
+        """A recorded result of a recurring job decided slots beyond the one it ran: ``missed``
+        coalesced into a later run (``CatchUp.latest``), one ``caught_up`` (run late, in turn,
+        ``CatchUp.all``), ``skipped`` by the policy (not run)."""
+
     def database_error(self, operation: str, error: BaseException) -> None:
         """A database statement of the scheduler failed (it is retried with backoff);
         ``operation`` is a short fixed label such as ``poll`` or ``heartbeat``."""
@@ -156,6 +161,9 @@ class ObserverDispatch:
         self, task_name: str, task_instance: str, picked_by: str | None
     ) -> None:
         self._call("dead_execution_revived", task_name, task_instance, picked_by)
+
+    def slots_counted(self, task_name: str, missed: int, caught_up: int, skipped: int) -> None:
+        self._call("slots_counted", task_name, missed, caught_up, skipped)
 
     def database_error(self, operation: str, error: BaseException) -> None:
         self._call("database_error", operation, error)

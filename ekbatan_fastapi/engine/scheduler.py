@@ -26,8 +26,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from ..domain.catchup import CatchUp
 from ..domain.errors import ConfigurationError
-from ..domain.job import DistributedJob, Job
+from ..domain.job import DistributedJob, Job, schedule_of
 from ..domain.limits import JobLimits, resolve_limits
 from ..domain.rows import PollingStrategy, TaskKey, TaskRow
 from ..domain.schedules import Schedule
@@ -36,6 +37,7 @@ from .alarm import Alarm
 from .backoff import Backoff
 from .completer import Completer
 from .config import SchedulerConfig
+from .definitions import PRE_COMPLETION_MAX_AGE, Definitions
 from .execution import Execution
 from .executor import Executor
 from .history import HistoryRecorder
@@ -46,6 +48,7 @@ from .listener import Listener
 from .observer import ObserverDispatch
 from .poller import Poller
 from .running import RunningExecutions, RunState
+from .slots import SlotCounter
 from .startup import Startup
 from .status import ExecutionStatus, SchedulerStatus
 from .transaction import SlotTransaction
@@ -83,7 +86,12 @@ class Scheduler:
         self.clock = config.clock
         self.jobs: dict[str, Job] = {job.name(): job for job in jobs}
         self.schedules: dict[str, Schedule] = {
-            name: job.schedule()
+            name: schedule_of(job)
+            for name, job in self.jobs.items()
+            if isinstance(job, DistributedJob)
+        }
+        self.catch_ups: dict[str, CatchUp] = {
+            name: job.catch_up()
             for name, job in self.jobs.items()
             if isinstance(job, DistributedJob)
         }
@@ -124,6 +132,11 @@ class Scheduler:
 
     def _wire(self, active: list[str]) -> None:
         """Build the loops; each gets the collaborators it uses, nothing more."""
+        self._wire_executions()
+        self._wire_loops(active)
+
+    def _wire_executions(self) -> None:
+        """What runs executions and records them; the stored job definitions."""
         store, config = self.store, self.config
         self.completer = Completer(
             name=self.name,
@@ -135,6 +148,18 @@ class Scheduler:
             history=self.recorder,
             observer=self.observer,
             limited={n for n, lim in self.limits.items() if lim.limited},
+            counter=SlotCounter(store.jobs, self.recorder, self.observer)
+            if self.catch_ups
+            else None,
+        )
+        self.definitions = Definitions(
+            name=self.name,
+            jobs=self.jobs,
+            schedules=self.schedules,
+            catch_ups=self.catch_ups,
+            limits=self.limits,
+            store=store.jobs,
+            config=config,
         )
         self.executor = Executor(
             name=self.name,
@@ -146,17 +171,22 @@ class Scheduler:
             settled=self.completer.settled,
             transactions=self._transaction_for,
             limits=self.limits,
+            catch_ups=self.catch_ups,
+            before_recording=self._before_recording,
             config=config,
             link=self.link,
             state=self.state,
         )
+
+    def _wire_loops(self, active: list[str]) -> None:
+        """Startup, the poller, the housekeeper and the listener."""
+        store, config = self.store, self.config
         self.startup = Startup(
             name=self.name,
             jobs=self.jobs,
             schedules=self.schedules,
-            limits=self.limits,
             tasks=store.tasks,
-            definitions=store.jobs,
+            definitions=self.definitions,
             alarm=self.alarm,
             history=self.recorder,
             config=config,
@@ -191,6 +221,7 @@ class Scheduler:
             running=self.executions,
             history=self.recorder,
             observer=self.observer,
+            refresh_definitions=self.definitions.refresh,
             config=config,
             link=self.link,
             state=self.state,
@@ -198,6 +229,10 @@ class Scheduler:
         self.listener = Listener(
             tasks=store.tasks, config=config, link=self.link, alarm=self.alarm, state=self.state
         )
+
+    async def _before_recording(self) -> None:
+        """Before a recurring job's next time is computed: the newest stored schedule."""
+        await self.definitions.refresh(PRE_COMPLETION_MAX_AGE)
 
     def _transaction_for(self, execution: Execution) -> SlotTransaction:
         return SlotTransaction(

@@ -1,32 +1,34 @@
 """``Startup``: before the first poll, reach the database and bring the recurring rows in line
-with the registered jobs: insert the missing rows (race-safe across instances), move a row
-whose deterministic schedule (daily, cron) now gives another next time, delete the rows of
-disabled jobs; then look for the operations tables and report this instance."""
+with the registered jobs: settle whose definition holds (``Definitions``: a rolling deploy
+never moves a row back), insert the missing rows (race-safe across instances), move a row
+whose deterministic schedule (daily, cron) changed, delete the rows of disabled jobs; then
+look for the operations tables and report this instance. ``plan`` says what that would change,
+without changing anything (``ekbatan-jobs plan``)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from ..domain.errors import SchemaMissingError
-from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job
-from ..domain.limits import JobLimits
+from ..domain.job import RECURRING_INSTANCE, Job
 from ..domain.records import JobDefinition
-from ..domain.rows import NewTask, TaskKey
+from ..domain.rollout import Decision
+from ..domain.rows import NewTask, TaskKey, TaskRow
 from ..domain.schedules import Schedule
-from ..store.jobs import JobsStore
 from ..store.tasks import TaskStore
 from .alarm import Alarm
 from .backoff import Backoff
 from .config import SchedulerConfig
+from .definitions import Definitions
 from .history import HistoryRecorder
 from .link import DatabaseLink
 from .logs import log_extra
 from .running import RunState
 
-__all__ = ["Startup", "definition_of", "fingerprint"]
+__all__ = ["PlannedChange", "Startup"]
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +36,19 @@ RESCHEDULE_GUARD = timedelta(seconds=10)
 """A row due within this long is not moved by a changed schedule (it is about to run)."""
 
 
-def fingerprint(schedule: Schedule) -> str:
-    """A short stable digest of a schedule (its db-scheduler form)."""
-    return hashlib.sha256(schedule.describe().encode("utf-8")).hexdigest()[:32]
+@dataclass(frozen=True, slots=True)
+class PlannedChange:
+    """What startup does (or would do) to one recurring job."""
 
-
-def definition_of(
-    job: Job, limits: JobLimits, config: SchedulerConfig, written_by: str
-) -> JobDefinition:
-    """What ``ekbatan_jobs`` says of one job (``written_at`` is the database's)."""
-    schedule = job.schedule() if isinstance(job, DistributedJob) else None
-    return JobDefinition(
-        task_name=job.name(),
-        kind="recurring" if schedule is not None else "one-time",
-        schedule=schedule.describe() if schedule is not None else None,
-        fingerprint=fingerprint(schedule) if schedule is not None else None,
-        app_version=config.app_version,
-        timeout=limits.timeout,
-        max_concurrency=limits.max_concurrency,
-        keyed=limits.concurrency_key is not None,
-        written_by=written_by,
-        written_at=datetime.now(UTC),
-    )
+    task_name: str
+    action: str
+    """``insert``, ``reschedule``, ``delete``, ``adopt`` (a newer version's schedule holds),
+    or ``none``."""
+    old_schedule: str | None
+    new_schedule: str | None
+    next_before: datetime | None
+    next_after: datetime | None
+    reason: str
 
 
 class Startup:
@@ -67,9 +60,8 @@ class Startup:
         name: str,
         jobs: Mapping[str, Job],
         schedules: Mapping[str, Schedule],
-        limits: Mapping[str, JobLimits],
         tasks: TaskStore,
-        definitions: JobsStore,
+        definitions: Definitions,
         config: SchedulerConfig,
         link: DatabaseLink,
         alarm: Alarm,
@@ -79,7 +71,6 @@ class Startup:
         self.name = name
         self.jobs = jobs
         self.schedules = schedules
-        self.limits = limits
         self.tasks = tasks
         self.definitions = definitions
         self.config = config
@@ -95,7 +86,6 @@ class Startup:
                 await self.create_recurring_rows()
                 if await self.history.check():
                     await self.history.report_instance(self.state.started_at or self.link.now())
-                await self.register_definitions()
             except SchemaMissingError as error:
                 self.link.answered()
                 self.link.report("schema-missing", str(error))
@@ -107,26 +97,16 @@ class Startup:
                 return
             await self.alarm.sleep(backoff.next())
 
-    async def register_definitions(self) -> None:
-        """Write what each job is into ``ekbatan_jobs`` (migration V0003), where it exists."""
-        if not self.jobs or not await self.definitions.look():
-            return
-        await self.definitions.write(
-            [
-                definition_of(job, self.limits[name], self.config, self.name)
-                for name, job in self.jobs.items()
-            ]
-        )
-
     async def create_recurring_rows(self) -> None:
-        """Insert missing recurring rows, move changed deterministic schedules, drop disabled."""
-        tasks = self.tasks
+        """Settle the definitions, then insert missing recurring rows, move changed
+        deterministic schedules, drop disabled ones."""
         sent = self.config.clock.now()
-        db_now = await tasks.db_now()
+        db_now = await self.tasks.db_now()
         self.link.observed(db_now, sent)
+        decisions = await self.definitions.reconcile()
         enabled = {n: s for n, s in self.schedules.items() if not s.is_disabled}
         inserted: set[TaskKey] = set(
-            await tasks.insert_missing(
+            await self.tasks.insert_missing(
                 [
                     NewTask(
                         name,
@@ -138,19 +118,17 @@ class Startup:
                 ]
             )
         )
-        deterministic = [
+        movable = [
             n
             for n, s in enabled.items()
-            if s.is_deterministic and (n, RECURRING_INSTANCE) not in inserted
+            if s.is_deterministic
+            and (n, RECURRING_INSTANCE) not in inserted
+            and (decisions is None or decisions[n].changed)
         ]
-        rows = (
-            await tasks.recurring_rows(deterministic, RECURRING_INSTANCE) if deterministic else []
-        )
+        rows = await self.tasks.recurring_rows(movable, RECURRING_INSTANCE) if movable else []
         for row in rows:
-            if row.picked or row.execution_time <= db_now + RESCHEDULE_GUARD:
-                continue
-            expected = enabled[row.task_name].initial_execution_time(db_now)
-            if expected != row.execution_time and await tasks.reschedule(
+            expected = self._moved_to(row, enabled[row.task_name], db_now)
+            if expected is not None and await self.tasks.reschedule(
                 row.task_name, row.task_instance, expected, expected_version=row.version
             ):
                 log.info(
@@ -161,5 +139,62 @@ class Startup:
                     extra=log_extra(row, self.name),
                 )
         for name, schedule in self.schedules.items():
-            if schedule.is_disabled and await tasks.delete_unpicked(name, RECURRING_INSTANCE):
+            held = decisions is None or decisions[name].ours
+            if (
+                schedule.is_disabled
+                and held
+                and await self.tasks.delete_unpicked(name, RECURRING_INSTANCE)
+            ):
                 log.info("%s is disabled: removed its row", name, extra={"task_name": name})
+
+    @staticmethod
+    def _moved_to(row: TaskRow, schedule: Schedule, db_now: datetime) -> datetime | None:
+        """Where a changed deterministic schedule moves ``row`` (None: it stays)."""
+        if row.picked or row.execution_time <= db_now + RESCHEDULE_GUARD:
+            return None
+        expected = schedule.initial_execution_time(db_now)
+        return expected if expected != row.execution_time else None
+
+    async def plan(self) -> list[PlannedChange]:
+        """What startup would change now for each recurring job, changing nothing."""
+        db_now = await self.tasks.db_now()
+        found = await self.definitions.decisions()
+        decisions, stored = found if found is not None else ({}, {})
+        names = [n for n in self.definitions.local if n in self.jobs]
+        rows = {
+            r.task_name: r
+            for r in (await self.tasks.recurring_rows(names, RECURRING_INSTANCE) if names else [])
+        }
+        return [
+            self._planned(name, rows.get(name), db_now, decisions.get(name), stored.get(name))
+            for name in names
+        ]
+
+    def _planned(
+        self,
+        name: str,
+        row: TaskRow | None,
+        db_now: datetime,
+        decision: Decision | None,
+        stored: JobDefinition | None,
+    ) -> PlannedChange:
+        local = self.definitions.local[name]
+        before = row.execution_time if row is not None else None
+        old = stored.schedule if stored is not None else None
+        reason = decision.reason if decision is not None else "no job definitions table"
+        if decision is not None and not decision.ours:
+            reason = f"{reason}: runs by the stored schedule (its own: {local.describe()})"
+            return PlannedChange(name, "adopt", old, old, before, before, reason)
+        new = local.describe()
+        if local.is_disabled:
+            action = "delete" if row is not None and not row.picked else "none"
+            return PlannedChange(name, action, old, new, before, None, reason)
+        if row is None:
+            first = local.initial_execution_time(db_now)
+            return PlannedChange(name, "insert", old, new, None, first, reason)
+        moved = None
+        if local.is_deterministic and (decision is None or decision.changed):
+            moved = self._moved_to(row, local, db_now)
+        if moved is None:
+            return PlannedChange(name, "none", old, new, before, before, reason)
+        return PlannedChange(name, "reschedule", old, new, before, moved, reason)

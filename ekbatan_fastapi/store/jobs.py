@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, inspect, select, update
 
+from ..domain.backfill import BACKFILL_PREFIX
 from ..domain.records import JobDefinition, Outcome
 from .database import Database, aware
 
@@ -71,18 +72,30 @@ class JobsStore:
                         "keyed": d.keyed,
                         "written_by": d.written_by,
                         "written_at": now,
+                        "catch_up": d.catch_up,
                     }
                 )
             await self.db.rowcount(self.db.upsert_many(self.table, rows))
 
-    async def definitions(self, names: Sequence[str] | None = None) -> dict[str, JobDefinition]:
-        """The stored definitions (of ``names``, or all), by task name."""
+    async def definitions(
+        self, names: Sequence[str] | None = None, *, since: datetime | None = None
+    ) -> dict[str, JobDefinition]:
+        """The stored definitions (of ``names``, or all; written at or after ``since``), by
+        task name."""
         j = self.table
         stmt = select(j)
-        if names is not None:
-            stmt = stmt.where(j.c.task_name.in_(list(names)))
+        if since is not None:
+            stmt = stmt.where(j.c.written_at >= since)
         result = {}
-        for r in await self.db.rows(stmt):
+        rows = []
+        if names is None:
+            rows = list(await self.db.rows(stmt))
+        else:
+            listed = list(names)
+            for start in range(0, len(listed), _BATCH):
+                chunk = listed[start : start + _BATCH]
+                rows += await self.db.rows(stmt.where(j.c.task_name.in_(chunk)))
+        for r in rows:
             written_at = aware(r.written_at)
             assert written_at is not None
             result[r.task_name] = JobDefinition(
@@ -98,8 +111,36 @@ class JobsStore:
                 keyed=bool(r.keyed),
                 written_by=r.written_by,
                 written_at=written_at,
+                catch_up=r.catch_up,
+                missed=int(r.missed_slots),
+                caught_up=int(r.caught_up_slots),
+                skipped=int(r.skipped_slots),
             )
         return result
+
+    async def add_counts(self, counts: dict[str, tuple[int, int, int]]) -> None:
+        """Add (missed, caught up, skipped) slots to each job's counters."""
+        j = self.table
+        for name, (missed, caught_up, skipped) in counts.items():
+            await self.db.rowcount(
+                update(j)
+                .where(j.c.task_name == name)
+                .values(
+                    missed_slots=j.c.missed_slots + missed,
+                    caught_up_slots=j.c.caught_up_slots + caught_up,
+                    skipped_slots=j.c.skipped_slots + skipped,
+                )
+            )
+
+    async def backfills(self) -> dict[str, int]:
+        """Backfill rows (``backfill:<slot>``), by task name, cluster-wide."""
+        t = self.db.tables.tasks
+        rows = await self.db.rows(
+            select(t.c.task_name, func.count())
+            .where(t.c.task_instance.like(BACKFILL_PREFIX + "%"))
+            .group_by(t.c.task_name)
+        )
+        return {str(name): int(count) for name, count in rows}
 
     async def running(self) -> dict[str, int]:
         """Executions running now (picked rows), by task name, cluster-wide."""

@@ -204,6 +204,11 @@ class Tables:
             Column("keyed", Boolean(), nullable=False),
             Column("written_by", _text(50), nullable=False),
             Column("written_at", timestamp(), nullable=False),
+            Column("catch_up", _text(100)),
+            Column("missed_slots", BigInteger(), nullable=False, server_default="0"),
+            Column("caught_up_slots", BigInteger(), nullable=False, server_default="0"),
+            Column("skipped_slots", BigInteger(), nullable=False, server_default="0"),
+            Index("ekbatan_jobs_written_at_idx", "written_at"),
             schema=schema,
         )
 

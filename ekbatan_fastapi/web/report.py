@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from ..domain.codec import TaskDataError
 from ..domain.durations import format_iso_duration
 from ..domain.errors import SchemaMissingError
-from ..domain.job import DistributedJob, OneTimeJob
+from ..domain.job import DistributedJob, Job, OneTimeJob
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
 from ..domain.tasks import ScheduledTask, derive_state, heartbeat_age, overdue_after
 from ..domain.text import redact
@@ -265,47 +265,68 @@ async def build_report(
 
 async def job_views(state: EkbatanState, name: str | None, warnings: list[str]) -> list[JobView]:
     """Every job of the cluster (registered here, or in ``ekbatan_jobs`` by another instance),
-    with the executions running now and those timed out in the last day. What cannot be read
-    only adds a warning."""
+    with the executions running now, those timed out in the last day, the slots its catch-up
+    policy decided and the backfilled slots pending. What cannot be read only adds a warning."""
     client = state.client
     try:
         definitions = await client.job_definitions()
         running = await client.running_counts()
         timed_out = await client.timed_out_counts()
+        backfills = await client.backfill_counts()
     except Exception as error:
         warnings.append(f"the job summary could not be read: {describe_failure(error)}")
         return []
-    registry = state.registry
     views: dict[str, JobView] = {}
-    for definition in definitions.values():
-        views[definition.task_name] = JobView(
-            name=definition.task_name,
+    for task_name, definition in definitions.items():
+        views[task_name] = JobView(
+            name=task_name,
             kind="recurring" if definition.kind == "recurring" else "one-time",
             schedule=definition.schedule,
             timeout=format_iso_duration(definition.timeout) if definition.timeout else None,
             max_concurrency=definition.max_concurrency,
             per_key=definition.keyed,
-            running=running.get(definition.task_name, 0),
-            timed_out_last_day=timed_out.get(definition.task_name, 0),
+            running=running.get(task_name, 0),
+            timed_out_last_day=timed_out.get(task_name, 0),
             registered_here=False,
             app_version=definition.app_version,
+            catch_up=definition.catch_up,
+            missed_slots=definition.missed,
+            caught_up_slots=definition.caught_up,
+            skipped_slots=definition.skipped,
+            backfill_pending=backfills.get(task_name, 0),
         )
-    for job_name, job in registry.jobs.items():  # this instance's own view wins
-        limits = registry.scheduler.limits[job_name]
-        stored = definitions.get(job_name)
-        views[job_name] = JobView(
-            name=job_name,
-            kind="recurring" if isinstance(job, DistributedJob) else "one-time",
-            schedule=job.schedule().describe() if isinstance(job, DistributedJob) else None,
-            timeout=format_iso_duration(limits.timeout) if limits.timeout else None,
-            max_concurrency=limits.max_concurrency,
-            per_key=limits.concurrency_key is not None,
-            running=running.get(job_name, 0),
-            timed_out_last_day=timed_out.get(job_name, 0),
-            registered_here=True,
-            app_version=stored.app_version if stored is not None else registry.config.app_version,
-        )
+    for job_name, job in state.registry.jobs.items():  # this instance's own view wins
+        views[job_name] = _own_view(state, job_name, job, views.get(job_name))
+        views[job_name].running = running.get(job_name, 0)
+        views[job_name].timed_out_last_day = timed_out.get(job_name, 0)
+        views[job_name].backfill_pending = backfills.get(job_name, 0)
     return [v for n, v in sorted(views.items()) if name is None or n == name]
+
+
+def _own_view(state: EkbatanState, job_name: str, job: Job, stored: JobView | None) -> JobView:
+    """A job registered here, as this instance runs it."""
+    scheduler = state.registry.scheduler
+    limits = scheduler.limits[job_name]
+    recurring = isinstance(job, DistributedJob)
+    schedule = scheduler.schedules[job_name].describe() if recurring else None
+    own = scheduler.definitions.local[job_name].describe() if recurring else None
+    return JobView(
+        name=job_name,
+        kind="recurring" if recurring else "one-time",
+        schedule=schedule,
+        timeout=format_iso_duration(limits.timeout) if limits.timeout else None,
+        max_concurrency=limits.max_concurrency,
+        per_key=limits.concurrency_key is not None,
+        running=0,
+        timed_out_last_day=0,
+        registered_here=True,
+        app_version=stored.app_version if stored is not None else state.registry.config.app_version,
+        catch_up=job.catch_up().describe() if isinstance(job, DistributedJob) else None,
+        own_schedule=own if own != schedule else None,
+        missed_slots=stored.missed_slots if stored is not None else 0,
+        caught_up_slots=stored.caught_up_slots if stored is not None else 0,
+        skipped_slots=stored.skipped_slots if stored is not None else 0,
+    )
 
 
 def _orphans(

@@ -158,6 +158,20 @@ class JobView(BaseModel):
     app_version: str | None = Field(
         default=None, description="the application version that registered it last"
     )
+    catch_up: str | None = Field(
+        default=None, description="recurring jobs: latest, all(max_slots=N) or skip(grace=...)"
+    )
+    own_schedule: str | None = Field(
+        default=None,
+        description="set when the instance that answered runs the job by a newer version's "
+        "stored schedule (a rolling deploy): its own code's schedule",
+    )
+    missed_slots: int = Field(default=0, description="slots coalesced into a later run")
+    caught_up_slots: int = Field(default=0, description="slots run late, one by one")
+    skipped_slots: int = Field(default=0, description="slots the catch-up policy did not run")
+    backfill_pending: int = Field(
+        default=0, description="backfilled slots waiting or running (rows backfill:<slot>)"
+    )
 
 
 class JobsReport(BaseModel):

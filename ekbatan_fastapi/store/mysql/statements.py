@@ -150,18 +150,20 @@ WHERE {OWNED}
 """
 
 
-def reschedule_owned(t: str, next_time: str, *, failed: bool) -> str:
-    """Reschedule owned rows after a success (or ``failed``); ``next_time`` is a ``CASE`` over
-    the batch's keys (NULL for a key without a next time)."""
-    counters = (
-        f"last_failure = {NOW}, consecutive_failures = COALESCE(consecutive_failures, 0) + 1"
-        if failed
-        else f"last_success = {NOW}, consecutive_failures = 0"
-    )
+def reschedule_owned(t: str, next_time: str, *, outcome: str) -> str:
+    """Reschedule owned rows after a ``succeeded``, ``failed`` or ``skipped`` (counters left
+    alone) slot; ``next_time`` is a ``CASE`` over the batch's keys (NULL for a key without a
+    next time)."""
+    counters = {
+        "failed": f"last_failure = {NOW}, "
+        "consecutive_failures = COALESCE(consecutive_failures, 0) + 1, ",
+        "succeeded": f"last_success = {NOW}, consecutive_failures = 0, ",
+        "skipped": "",
+    }[outcome]
     return f"""
 UPDATE {t} SET execution_time = COALESCE({next_time}, execution_time),
     picked = 0, picked_by = NULL, last_heartbeat = NULL,
-    {counters}, version = version + 1
+    {counters}version = version + 1
 WHERE {OWNED}
 """
 

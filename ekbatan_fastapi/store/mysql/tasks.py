@@ -395,8 +395,10 @@ class MySQLTaskStore(TaskStore):
                     }
                 )
         next_time = f"CASE {' '.join(whens)} END" if whens else "NULL"
-        failed = kind is FinishKind.FAILED
-        return self.db.sql(q.reschedule_owned(self._t, next_time, failed=failed)), params
+        outcome = {FinishKind.FAILED: "failed", FinishKind.SKIPPED: "skipped"}.get(
+            kind, "succeeded"
+        )
+        return self.db.sql(q.reschedule_owned(self._t, next_time, outcome=outcome)), params
 
     async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
         """One update; only when it matched fewer rows than asked, a read says which are still

@@ -1,0 +1,223 @@
+"""``Definitions``: what each job is, as stored in ``ekbatan_jobs`` (migration V0003), and which
+schedule each recurring job runs by while instances of two application versions share the
+table (a rolling deploy; the rule is in ``domain.rollout``).
+
+At startup this instance reads the stored definitions of its jobs, writes its own where they
+hold, and adopts the stored schedule where a newer version wrote it (``reconcile``). While it
+runs, it re-reads the definitions written since it last looked: every heartbeat round, and at
+most a second before it records a recurring job's run (``refresh``), so an older instance
+follows a newer deploy instead of moving the row back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Iterable, Mapping, MutableMapping
+from datetime import UTC, datetime, timedelta
+
+from ..domain.catchup import CatchUp
+from ..domain.job import DistributedJob, Job
+from ..domain.limits import JobLimits
+from ..domain.records import JobDefinition
+from ..domain.rollout import Decision, decide
+from ..domain.schedules import Schedule, parse_schedule
+from ..store.jobs import JobsStore
+from .config import SchedulerConfig
+
+__all__ = ["PRE_COMPLETION_MAX_AGE", "Definitions", "definition_of", "fingerprint"]
+
+log = logging.getLogger(__name__)
+
+PRE_COMPLETION_MAX_AGE = 1.0
+"""Seconds the stored definitions may be old when a recurring job's run is recorded."""
+_OVERLAP = timedelta(seconds=5)
+"""Each re-read starts this long before the newest definition seen: a write that committed
+after the last read can carry an older timestamp (its transaction started earlier)."""
+
+
+def fingerprint(schedule: Schedule) -> str:
+    """A short stable digest of a schedule (its db-scheduler form)."""
+    return hashlib.sha256(schedule.describe().encode("utf-8")).hexdigest()[:32]
+
+
+def definition_of(
+    job: Job,
+    limits: JobLimits,
+    config: SchedulerConfig,
+    written_by: str,
+    schedule: Schedule | None = None,
+    catch_up: CatchUp | None = None,
+) -> JobDefinition:
+    """What ``ekbatan_jobs`` says of one job (``written_at`` is the database's)."""
+    if isinstance(job, DistributedJob):
+        schedule = schedule if schedule is not None else job.schedule()
+        catch_up = catch_up if catch_up is not None else job.catch_up()
+    return JobDefinition(
+        task_name=job.name(),
+        kind="recurring" if schedule is not None else "one-time",
+        schedule=schedule.describe() if schedule is not None else None,
+        fingerprint=fingerprint(schedule) if schedule is not None else None,
+        app_version=config.app_version,
+        timeout=limits.timeout,
+        max_concurrency=limits.max_concurrency,
+        keyed=limits.concurrency_key is not None,
+        written_by=written_by,
+        written_at=datetime.now(UTC),
+        catch_up=catch_up.describe() if catch_up is not None else None,
+    )
+
+
+class Definitions:
+    """The stored definitions of this instance's jobs, and the schedules it runs them by."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        jobs: Mapping[str, Job],
+        schedules: MutableMapping[str, Schedule],
+        catch_ups: Mapping[str, CatchUp],
+        limits: Mapping[str, JobLimits],
+        store: JobsStore,
+        config: SchedulerConfig,
+    ) -> None:
+        self.name = name
+        self.jobs = jobs
+        self.schedules = schedules
+        """Shared with the executor: a recurring job's entry is the schedule it runs by."""
+        self.local = dict(schedules)
+        """This instance's own schedules (what its code says)."""
+        self.catch_ups = catch_ups
+        self.limits = limits
+        self.store = store
+        self.config = config
+        self.adopted: dict[str, JobDefinition] = {}
+        """Recurring jobs run by a stored schedule a newer version wrote."""
+        self._seen: datetime | None = None
+        self._handled: dict[str, datetime] = {}
+        """The stored definitions already looked at, by job: their ``written_at``."""
+        self._ours: dict[str, JobDefinition] | None = None
+        self._refreshed = -1e9
+        self._refreshing: asyncio.Task[None] | None = None
+
+    def ours(self) -> dict[str, JobDefinition]:
+        """This instance's definition of each of its jobs (built once)."""
+        if self._ours is None:
+            self._ours = self._build()
+        return self._ours
+
+    def _build(self) -> dict[str, JobDefinition]:
+        return {
+            name: definition_of(
+                job,
+                self.limits[name],
+                self.config,
+                self.name,
+                self.local.get(name),
+                self.catch_ups.get(name),
+            )
+            for name, job in self.jobs.items()
+        }
+
+    async def decisions(self) -> tuple[dict[str, Decision], dict[str, JobDefinition]] | None:
+        """Whose definition holds for each job, and the stored ones (None: no table)."""
+        if not self.jobs or not await self.store.look():
+            return None
+        stored = await self.store.definitions(list(self.jobs))
+        ours = self.ours()
+        return {name: decide(ours[name], stored.get(name)) for name in ours}, stored
+
+    async def reconcile(self) -> dict[str, Decision] | None:
+        """At startup: write this instance's definitions where they hold, adopt the stored
+        schedules where a newer version wrote them. None: the table is missing."""
+        found = await self.decisions()
+        if found is None:
+            return None
+        decisions, stored = found
+        ours = self.ours()
+        for name, decision in decisions.items():
+            if decision.warning:
+                log.warning("%s", decision.warning, extra={"task_name": name})
+            if not decision.ours:
+                self._adopt(name, stored[name], decision)
+        await self.store.write([ours[n] for n, d in decisions.items() if d.write])
+        self._note_seen(stored.values())
+        self._refreshed = time.monotonic()
+        return decisions
+
+    def _note_seen(self, definitions: Iterable[JobDefinition]) -> None:
+        for d in definitions:
+            self._handled[d.task_name] = d.written_at
+            if self._seen is None or d.written_at > self._seen:
+                self._seen = d.written_at
+
+    def _adopt(self, name: str, stored: JobDefinition, decision: Decision) -> None:
+        if name not in self.local or stored.schedule is None:
+            return
+        if self.adopted.get(name) == stored:
+            return
+        try:
+            schedule = parse_schedule(stored.schedule).bind(name)
+        except Exception as error:
+            log.error(
+                "%s: cannot read the schedule %r stored by version %s (%s); running it by "
+                "this instance's own schedule",
+                name,
+                stored.schedule,
+                stored.app_version,
+                error,
+                extra={"task_name": name},
+            )
+            return
+        self.schedules[name] = schedule
+        self.adopted[name] = stored
+        log.info(
+            "%s runs by the schedule %s that %s stored (%s); this instance's own is %s",
+            name,
+            stored.schedule,
+            stored.written_by,
+            decision.reason,
+            self.local[name].describe(),
+            extra={"task_name": name},
+        )
+
+    async def refresh(self, max_age: float = 0.0) -> None:
+        """Re-read the definitions written since the last look (at most every ``max_age``
+        seconds; concurrent callers share one read). A failure is logged and ignored: the
+        next round tries again."""
+        if not self.local or not self.store.present:
+            return
+        if time.monotonic() - self._refreshed < max_age:
+            return
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh())
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh(self) -> None:
+        started = time.monotonic()
+        since = None if self._seen is None else self._seen - _OVERLAP
+        try:
+            found = await self.store.definitions(since=since)
+        except Exception as error:
+            log.debug("%s: could not re-read the job definitions: %s", self.name, error)
+            return
+        self._refreshed = started
+        changed = [
+            d
+            for d in found.values()
+            if d.task_name in self.local and self._handled.get(d.task_name) != d.written_at
+        ]
+        ours = self.ours() if changed else {}
+        for stored in changed:
+            name = stored.task_name
+            decision = decide(ours[name], stored)
+            if decision.ours:
+                if self.adopted.pop(name, None) is not None:
+                    self.schedules[name] = self.local[name]
+                    log.info("%s runs by this instance's own schedule again", name)
+            else:
+                self._adopt(name, stored, decision)
+        self._note_seen(found.values())
