@@ -21,6 +21,7 @@ from ..domain.errors import (
     TaskNotFoundError,
     TaskPausedError,
     TaskPickedError,
+    UnknownJobError,
 )
 from .args import parser
 from .commands import COMMANDS
@@ -47,7 +48,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         return out.fail(EXIT.SCHEMA_MISSING, str(error))
     except (ConfigurationError, ScheduleError) as error:
         return out.fail(EXIT.USAGE, str(error))
-    except TaskNotFoundError as error:
+    except (TaskNotFoundError, UnknownJobError) as error:
         return out.fail(EXIT.UNKNOWN_TASK, str(error))
     except (TaskPickedError, TaskPausedError) as error:
         return out.fail(EXIT.CONFLICT, str(error))

@@ -10,7 +10,8 @@ __all__ = ["parser"]
 
 _DESCRIPTION = """\
 Operate ekbatan-fastapi's jobs tables: apply the migrations, list the tasks and the jobs, read
-the execution history, run a task now, pause and resume it cluster-wide.
+the execution history, run a task now, pause and resume it cluster-wide, backfill a recurring
+job's slots, and see what an application's startup would change (plan).
 
 The database is --url, or the application's database setting (the jobs-config slot of its
 settings), read as the application reads it: EKBATAN_... environment variables and the YAML
@@ -116,6 +117,29 @@ def parser() -> argparse.ArgumentParser:
         "--schedule",
         metavar="SPEC",
         help="the job's schedule (e.g. 'FIXED_RATE|PT1H'), needed by --skip-missed when overdue",
+    )
+
+    p = command(
+        "plan",
+        "what an application's startup would change (schedules, rows), changing nothing",
+    )
+    p.add_argument(
+        "--jobs",
+        required=True,
+        metavar="MODULE:ATTR",
+        help="the application's jobs: a list of jobs, a function returning them, or its "
+        "JobRegistry (e.g. myapp.jobs:JOBS)",
+    )
+    p.add_argument(
+        "--app-version", help="the version the application runs as (default: jobs.app-version)"
+    )
+
+    p = command("backfill", "run each slot of a recurring job's schedule in a window once more")
+    p.add_argument("task")
+    p.add_argument("--start", required=True, help="ISO-8601 with a zone: the window's start")
+    p.add_argument("--end", required=True, help="ISO-8601 with a zone: the window's end (open)")
+    p.add_argument(
+        "--force", action="store_true", help="also when the job is paused (the rows then wait)"
     )
 
     command("instances", "the scheduler instances, live and recently gone")

@@ -16,6 +16,7 @@ from ..domain.tasks import paused_message
 from ..store.migrate import migrate, migrations_folder
 from .context import EXIT, CliError, Context
 from .output import row_view
+from .planning import cmd_backfill, cmd_plan
 
 __all__ = ["COMMANDS"]
 
@@ -223,6 +224,10 @@ async def cmd_jobs(ctx: Context) -> None:
             "app_version": d.app_version,
             "written_by": d.written_by,
             "written_at": d.written_at.isoformat(),
+            "catch_up": d.catch_up,
+            "missed_slots": d.missed,
+            "caught_up_slots": d.caught_up,
+            "skipped_slots": d.skipped,
         }
         for d in sorted(definitions.values(), key=lambda d: d.task_name)
     ]
@@ -237,6 +242,8 @@ async def cmd_jobs(ctx: Context) -> None:
             "max_concurrency",
             "running",
             "timed_out_last_day",
+            "catch_up",
+            "skipped_slots",
             "app_version",
         ),
     )
@@ -267,4 +274,6 @@ COMMANDS: dict[str, Callable[[Context], Awaitable[None]]] = {
     "resume": cmd_resume,
     "instances": cmd_instances,
     "jobs": cmd_jobs,
+    "plan": cmd_plan,
+    "backfill": cmd_backfill,
 }

@@ -50,6 +50,8 @@ class Context:
     out: Output
     overdue_after: Any
     dead_after: Any
+    settings: Any = None
+    """The application's settings as read (EkbatanSettings)."""
 
     @property
     def dialect(self) -> str:
@@ -88,6 +90,7 @@ async def connect(args: argparse.Namespace, out: Output) -> Context:
         out=out,
         overdue_after=overdue_after(knobs.polling_interval),
         dead_after=window,
+        settings=settings,
     )
     try:
         async with asyncio.timeout(args.connect_timeout + 2):
