@@ -128,3 +128,19 @@ async def test_backfill_from_the_command_line_uses_the_stored_schedule(
         end.isoformat(),
     )
     assert unknown.code == 3 and "no recurring job named 'nope'" in unknown.stderr
+
+
+async def test_resume_skip_missed_finds_the_stored_schedule(
+    any_database: Database, any_registries: RegistryFactory, any_engine: AsyncEngine
+) -> None:
+    registry = await any_registries.start(Rolling("FIXED_RATE|PT1H"))
+    await registry.stop()
+    async with any_engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE scheduled_tasks SET execution_time = :t WHERE task_name = 'rolling'"),
+            {"t": (await db_now(any_engine) - timedelta(minutes=90)).replace(tzinfo=None)},
+        )
+    assert (await cli(*target(any_database), "pause", "rolling", "--reason", "r")).code == 0
+    resumed = await cli(*target(any_database), "--json", "resume", "rolling", "--skip-missed")
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json["resumed"] is True and resumed.json["next_execution_time"]

@@ -268,13 +268,20 @@ def _job_row(job: JobView) -> str:
         else '<span class="meta">0</span>'
     )
     here = "" if job.registered_here else ' <span class="meta">(another instance)</span>'
+    schedule = _e(job.schedule or "-")
+    if job.own_schedule:
+        schedule += (
+            f' <span class="meta">(a newer version\'s; its own: {_e(job.own_schedule)})</span>'
+        )
     return (
         "<tr>"
         + "".join(
             [
                 _td("Job", _e(job.name) + here, "name"),
                 _td("Kind", _e(job.kind)),
-                _td("Schedule", _e(job.schedule or "-")),
+                _td("Schedule", schedule),
+                _td("Catch-up", _e(job.catch_up or "-")),
+                _td("Slots missed / caught up / skipped", _e(_slots(job))),
                 _td("Timeout", _e(job.timeout or "-")),
                 _td("Running / limit", _e(running)),
                 _td("Timed out (24 h)", timed_out),
@@ -284,10 +291,26 @@ def _job_row(job: JobView) -> str:
     )
 
 
+def _slots(job: JobView) -> str:
+    if job.kind != "recurring":
+        return "-"
+    counts = f"{job.missed_slots} / {job.caught_up_slots} / {job.skipped_slots}"
+    return counts + (f", {job.backfill_pending} backfilling" if job.backfill_pending else "")
+
+
 def _jobs_section(report: JobsReport) -> str:
     if not report.jobs:
         return ""
-    headers = ["Job", "Kind", "Schedule", "Timeout", "Running / limit", "Timed out (24 h)"]
+    headers = [
+        "Job",
+        "Kind",
+        "Schedule",
+        "Catch-up",
+        "Slots missed / caught up / skipped",
+        "Timeout",
+        "Running / limit",
+        "Timed out (24 h)",
+    ]
     body = _table(headers, (_job_row(j) for j in report.jobs), "jobs")
     return f"<section><h2>Jobs ({len(report.jobs)})</h2>{body}</section>"
 
