@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from ..domain.job import RECURRING_INSTANCE
 
@@ -119,6 +120,17 @@ def parser() -> argparse.ArgumentParser:
         help="the job's schedule (e.g. 'FIXED_RATE|PT1H'), needed by --skip-missed when overdue",
     )
 
+    _schedule_commands(command)
+    command("instances", "the scheduler instances, live and recently gone")
+    command(
+        "jobs",
+        "the cluster's jobs: schedule, timeout, concurrency limit, running now, timed out",
+    )
+    return main
+
+
+def _schedule_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """``plan`` and ``backfill`` (see docs/schedules.md)."""
     p = command(
         "plan",
         "what an application's startup would change (schedules, rows), changing nothing",
@@ -141,10 +153,3 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--force", action="store_true", help="also when the job is paused (the rows then wait)"
     )
-
-    command("instances", "the scheduler instances, live and recently gone")
-    command(
-        "jobs",
-        "the cluster's jobs: schedule, timeout, concurrency limit, running now, timed out",
-    )
-    return main
