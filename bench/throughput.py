@@ -1151,6 +1151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         retries=args.retries,
         history=not args.no_history,
         transactional=args.transactional,
+        max_concurrency=args.max_concurrency,
         pgbouncer=args.pgbouncer,
     )
     if args.url:
