@@ -177,7 +177,7 @@ def _next_due_by_group(t: str) -> str:
 
 # -- claiming ----------------------------------------------------------------------------------
 
-MANY_NAMES = 2000
+MANY_NAMES = 500
 """From this many task names on, the poll reads the due rows in time order and keeps those of
 its names (one index descent per name would cost more than the rows of other names it skips)."""
 
