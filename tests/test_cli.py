@@ -69,7 +69,7 @@ async def _tables(url: str) -> set[str]:
 async def test_migrate_applies_once_and_records_what_it_applied(any_database: Database) -> None:
     dry = await cli(*target(any_database), "--json", "migrate", "--dry-run")
     assert dry.code == 0, dry.stderr
-    assert [m["status"] for m in dry.json["migrations"]] == ["pending", "pending", "pending"]
+    assert [m["status"] for m in dry.json["migrations"]] == ["pending"] * 4
     assert "scheduled_tasks" not in await _tables(any_database.url)
 
     first = await cli(*target(any_database), "migrate", "--json")
@@ -79,10 +79,11 @@ async def test_migrate_applies_once_and_records_what_it_applied(any_database: Da
         (1, "applied"),
         (2, "applied"),
         (3, "applied"),
+        (4, "applied"),
     ]
     again = await cli(*target(any_database), "migrate")
     assert again.code == 0, again.stderr
-    assert again.stdout.count("up-to-date") == 3
+    assert again.stdout.count("up-to-date") == 4
     assert {
         "scheduled_tasks",
         "ekbatan_execution_history",
@@ -96,12 +97,22 @@ async def test_migrate_applies_once_and_records_what_it_applied(any_database: Da
 async def test_migrate_adopts_tables_made_otherwise_and_completes_a_partial_schema(
     any_database: Database, any_engine: AsyncEngine
 ) -> None:
-    # any_engine made every table with create_schema; one of them went missing since
+    # any_engine made every table with create_schema; one of them went missing since, and the
+    # index of V0004 was never made (a schema from before it)
+    drop_index = "DROP INDEX ekbatan_task_name_priority_idx" + (
+        " ON scheduled_tasks" if is_mysql(any_engine) else ""
+    )
     async with any_engine.begin() as conn:
         await conn.execute(text("DROP TABLE ekbatan_paused_tasks"))
+        await conn.execute(text(drop_index))
     result = await cli(*target(any_database), "--json", "migrate")
     assert result.code == 0, result.stderr
-    assert [m["status"] for m in result.json["migrations"]] == ["baseline", "partial", "baseline"]
+    assert [m["status"] for m in result.json["migrations"]] == [
+        "baseline",
+        "partial",
+        "baseline",
+        "applied",
+    ]
     assert "ekbatan_paused_tasks" in await _tables(any_database.url)
     async with any_engine.connect() as conn:
         recorded = (
@@ -109,7 +120,12 @@ async def test_migrate_adopts_tables_made_otherwise_and_completes_a_partial_sche
                 text("SELECT version, kind, checksum FROM ekbatan_schema_migrations ORDER BY 1")
             )
         ).all()
-    assert [(v, k) for v, k, _ in recorded] == [(1, "baseline"), (2, "partial"), (3, "baseline")]
+    assert [(v, k) for v, k, _ in recorded] == [
+        (1, "baseline"),
+        (2, "partial"),
+        (3, "baseline"),
+        (4, "applied"),
+    ]
     assert all(len(checksum) == 64 for _, _, checksum in recorded)
 
 
@@ -223,7 +239,7 @@ async def test_database_from_environment_and_yaml_settings(
         "--json", "migrate", env={"EKBATAN_CONFIG_FILE": str(config), "JOBS_URL": database_url}
     )
     assert from_yaml.code == 0, from_yaml.stderr
-    assert [m["status"] for m in from_yaml.json["migrations"]] == ["baseline"] * 3
+    assert [m["status"] for m in from_yaml.json["migrations"]] == ["baseline"] * 4
     flag = await cli("list", "--config", str(config), env={"JOBS_URL": database_url})
     assert flag.code == 0, flag.stderr
 

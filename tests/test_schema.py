@@ -73,8 +73,24 @@ async def test_migration_and_metadata_agree(engine: AsyncEngine, database_url: s
         "execution_time_idx",
         "last_heartbeat_idx",
         "priority_execution_time_idx",
+        "ekbatan_task_name_priority_idx",  # ours, V0004
     }
     assert tasks["columns"]["execution_time"] == ("TIMESTAMP", False)
+    async with engine.connect() as conn:
+        definitions = {
+            r[0]: r[1]
+            for r in await conn.execute(
+                text(
+                    "SELECT schemaname, indexdef FROM pg_indexes "
+                    "WHERE indexname = 'ekbatan_task_name_priority_idx'"
+                )
+            )
+        }
+    assert len(set(d.replace("migrated.", "public.") for d in definitions.values())) == 1
+    assert (
+        'task_name COLLATE "C", COALESCE((priority)::integer, 32768), execution_time'
+        in (definitions["public"])
+    )
     assert scheduled_tasks in metadata.tables.values()
 
 

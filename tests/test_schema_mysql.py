@@ -84,7 +84,7 @@ def _column(ddl: str, column: str, sql_type: str) -> None:
 @pytest.mark.parametrize("dialect", ["mysql", "mariadb"])
 async def test_migrations_and_metadata_agree(mysql_server_url: str, dialect: str) -> None:
     migrations = sorted((MIGRATIONS / dialect).glob("V*.sql"))
-    assert [m.name[:5] for m in migrations] == ["V0001", "V0002", "V0003"]
+    assert [m.name[:5] for m in migrations] == ["V0001", "V0002", "V0003", "V0004"]
     async with fresh_mysql_database(mysql_server_url) as url:
         from_metadata = await _built(url, None)
     async with fresh_mysql_database(mysql_server_url) as url:
@@ -98,6 +98,7 @@ async def test_migrations_and_metadata_agree(mysql_server_url: str, dialect: str
         "execution_time_idx",
         "last_heartbeat_idx",
         "priority_execution_time_idx",
+        "ekbatan_task_name_priority_idx",  # ours, V0004
     }
     # db-scheduler's MySQL types, with datetime(6) for its timestamp(6)
     for column, sql_type in [

@@ -42,6 +42,9 @@ MIGRATIONS_TABLE = "ekbatan_schema_migrations"
 _FILE = re.compile(r"^V(\d{4})__(\w+)\.sql$")
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?`?(\w+)`?", re.I)
 _CREATE_INDEX = re.compile(r"^\s*CREATE\s+(?:UNIQUE\s+)?INDEX\s+.*?\bON\s+`?(\w+)`?", re.I | re.S)
+_INDEX_NAME = re.compile(
+    r"^\s*CREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:IF\s+NOT\s+EXISTS\s+)?`?(\w+)`?\s+ON\s+`?(\w+)`?", re.I
+)
 _LOCK_NAME = "ekbatan_schema_migrations"
 _LOCK_KEY = 0x656B6261  # "ekba": the advisory lock key of migrations on PostgreSQL
 
@@ -83,6 +86,18 @@ class Migration:
         """The tables this migration creates, in order."""
         return [m[1] for s in self.statements if (m := _CREATE_TABLE.match(s))]
 
+    @property
+    def objects(self) -> list[str]:
+        """What it creates: its tables, and ``table.index`` for an index on a table of an
+        earlier migration (V0004)."""
+        tables = self.tables
+        indexes = [
+            f"{m[2]}.{m[1]}"
+            for s in self.statements
+            if (m := _INDEX_NAME.match(s)) and m[2] not in tables
+        ]
+        return [*tables, *indexes]
+
 
 @dataclass(frozen=True)
 class MigrationResult:
@@ -118,9 +133,12 @@ def available_migrations(dialect: str) -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-def _target(statement: str) -> str | None:
+def _targets(statement: str) -> set[str]:
+    """The objects a statement belongs to: its table, and the index it creates."""
+    index = _INDEX_NAME.match(statement)
     match = _CREATE_TABLE.match(statement) or _CREATE_INDEX.match(statement)
-    return match[1] if match else None
+    found = {match[1]} if match else set()
+    return found | ({f"{index[2]}.{index[1]}"} if index else set())
 
 
 async def _session_lock(conn: AsyncConnection, unlock: bool = False) -> None:
@@ -142,7 +160,11 @@ async def _transaction_lock(conn: AsyncConnection) -> None:
 
 
 def _existing_tables(sync_conn: Any) -> set[str]:
-    return set(inspect(sync_conn).get_table_names())
+    """The tables, and ``table.index`` for each of their indexes."""
+    inspector = inspect(sync_conn)
+    tables = set(inspector.get_table_names())
+    indexes = {f"{t}.{i['name']}" for t in tables for i in inspector.get_indexes(t)}
+    return tables | indexes
 
 
 async def migrate(
@@ -206,9 +228,9 @@ async def _migrate(
                     results.append(_result(migration, "up-to-date"))
                     continue
             status = _status(migration, existing)
-            present = {t for t in migration.tables if t in existing}
+            present = {t for t in migration.objects if t in existing}
             for statement in migration.statements:
-                if _target(statement) not in present:
+                if not _targets(statement) & present:
                     await _execute(conn, migration, statement)
             await conn.execute(
                 insert(_history).values(
@@ -223,14 +245,14 @@ async def _migrate(
         except BaseException:
             await conn.rollback()
             raise
-        existing |= set(migration.tables)
+        existing |= set(migration.objects)
         results.append(_result(migration, status))
     return results
 
 
 def _status(migration: Migration, existing: set[str]) -> str:
-    present = {t for t in migration.tables if t in existing}
-    if present and len(present) == len(migration.tables):
+    present = {t for t in migration.objects if t in existing}
+    if present and len(present) == len(migration.objects):
         return "baseline"
     return "partial" if present else "applied"
 

@@ -26,11 +26,15 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    cast,
+    func,
     inspect,
+    text,
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.schema import CreateIndex
 from sqlalchemy.types import TypeEngine
 
 from ..domain.errors import ConfigurationError
@@ -41,6 +45,7 @@ __all__ = [
     "INSTANCES",
     "JOBS",
     "PAUSED",
+    "TASK_NAME_INDEX",
     "Tables",
     "UTCDateTime",
     "create_schema",
@@ -56,6 +61,8 @@ HISTORY = "ekbatan_execution_history"
 PAUSED = "ekbatan_paused_tasks"
 INSTANCES = "ekbatan_scheduler_instances"
 JOBS = "ekbatan_jobs"
+TASK_NAME_INDEX = "ekbatan_task_name_priority_idx"
+"""Our index on ``scheduled_tasks`` (migration V0004)."""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 
 
@@ -141,7 +148,26 @@ def scheduled_tasks_table(name: str = DEFAULT_TABLE_NAME, meta: MetaData | None 
         table.c.priority.desc(),
         table.c.execution_time.asc(),
     )
+    _task_name_index(table, f"{prefix}{TASK_NAME_INDEX}")
     return table
+
+
+def _task_name_index(table: Table, name: str) -> None:
+    """Ours (migration V0004): the polls reach the rows of the task names they know through it,
+    never reading rows of other names. PostgreSQL's is made for the row comparisons of
+    ``store/postgresql/statements.py`` (the ``C`` collation and NULL priority as 32768, which
+    no other index shares); MySQL/MariaDB's is plain."""
+    c = table.c
+    Index(
+        name,
+        text('task_name COLLATE "C"'),
+        func.coalesce(cast(c.priority, Integer()), 32768),
+        c.execution_time,
+    ).ddl_if(dialect="postgresql")
+    # a tuple of dialects works (DDLIf checks membership); the stubs only say str
+    Index(name, c.task_name, c.priority.desc(), c.execution_time).ddl_if(
+        dialect=("mysql", "mariadb")  # type: ignore[arg-type]
+    )
 
 
 class Tables:
@@ -246,7 +272,9 @@ async def create_schema(
     is missing. True if anything was created.
 
     Equivalent to applying ``migrations/<dialect>/V0001__create_scheduled_tasks.sql``,
-    ``V0002__ekbatan_operations.sql`` and ``V0003__ekbatan_jobs.sql``.
+    ``V0002__ekbatan_operations.sql``, ``V0003__ekbatan_jobs.sql`` and
+    ``V0004__ekbatan_task_name_index.sql``: on a ``scheduled_tasks`` made before V0004, our
+    index is added.
     """
     tables = Tables(table_name)
     wanted = [tables.tasks, *(tables.ours if operations else ())]
@@ -255,7 +283,21 @@ async def create_schema(
         inspector = inspect(sync_conn)
         missing = [t for t in wanted if not inspector.has_table(t.name, t.schema)]
         tables.meta.create_all(sync_conn, tables=missing)
-        return bool(missing)
+        created = bool(missing)
+        if tables.tasks not in missing:  # a table of before V0004: add our index
+            have = {
+                i["name"] for i in inspector.get_indexes(tables.tasks.name, tables.tasks.schema)
+            }
+            for index in tables.tasks.indexes:
+                wanted_here = index._ddl_if  # the dialect it is for
+                if index.name in have or (
+                    wanted_here is not None
+                    and not wanted_here._should_execute(CreateIndex(index), index, sync_conn)
+                ):
+                    continue
+                index.create(sync_conn)
+                created = True
+        return created
 
     async with engine.begin() as conn:
         return bool(await conn.run_sync(create))

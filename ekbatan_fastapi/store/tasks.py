@@ -44,7 +44,9 @@ from .probe import probes
 __all__ = ["HistoryTableMissing", "HistoryUnwritable", "TaskStore"]
 
 _UNRESOLVED_BATCH = 1000
-"""Unresolved rows deleted per statement."""
+"""Overdue rows read per page when looking for unresolved ones (and deleted per statement)."""
+_NAMES_CHUNK = 1000
+"""Task names per statement where a portable statement lists names."""
 
 
 class HistoryUnwritable(Exception):
@@ -204,32 +206,48 @@ class TaskStore(abc.ABC):
         return self.to_row(row)
 
     async def recurring_rows(self, names: Sequence[str], instance: str) -> list[TaskRow]:
+        """The rows ``(name, instance)`` of ``names``, read ``_NAMES_CHUNK`` names at a time (a
+        statement never carries a bound parameter per name of a 100,000-job application)."""
         t = self.table
-        stmt = select(t).where(t.c.task_instance == instance, t.c.task_name.in_(list(names)))
-        return [self.to_row(r) for r in await self.db.rows(stmt)]
+        unique = list(dict.fromkeys(names))
+        found: list[TaskRow] = []
+        for start in range(0, len(unique), _NAMES_CHUNK):
+            chunk = unique[start : start + _NAMES_CHUNK]
+            stmt = select(t).where(t.c.task_instance == instance, t.c.task_name.in_(chunk))
+            found += [self.to_row(r) for r in await self.db.rows(stmt)]
+        return found
 
     async def delete_unresolved(self, known_names: Sequence[str], older_than: timedelta) -> int:
         """Delete unpicked rows of task names this instance does not know, overdue by more
         than ``older_than`` (measured on the database clock from ``execution_time``).
 
-        A plain read finds them, then a delete by primary key (with the same guards) removes
-        them: a scanning ``DELETE`` would wait for every row another transaction holds locked
-        (InnoDB locks what it scans), and the housekeeper with it."""
+        The overdue unpicked rows are read in pages (``execution_time_idx``, in time order),
+        the known names are left out here (however many there are: no ``NOT IN`` with a bound
+        parameter per name), and the others are deleted by primary key with the same guards: a
+        scanning ``DELETE`` would wait for every row another transaction holds locked (InnoDB
+        locks what it scans), and the housekeeper with it."""
         t = self.table
+        known = set(known_names)
         cutoff = (await self.db_now()) - older_than
         guards = (t.c.picked.is_(False), t.c.execution_time < cutoff)
+        key = tuple_(t.c.task_name, t.c.task_instance)
         deleted = 0
+        after: tuple[datetime, str, str] | None = None
         while True:
-            found = await self.db.rows(
-                select(t.c.task_name, t.c.task_instance)
-                .where(t.c.task_name.not_in(list(known_names)), *guards)
-                .limit(_UNRESOLVED_BATCH)
-            )
+            page = select(t.c.execution_time, t.c.task_name, t.c.task_instance).where(*guards)
+            if after is not None:
+                page = page.where(
+                    tuple_(t.c.execution_time, t.c.task_name, t.c.task_instance) > after
+                )
+            order = (t.c.execution_time, t.c.task_name, t.c.task_instance)
+            found = await self.db.rows(page.order_by(*order).limit(_UNRESOLVED_BATCH))
             if not found:
                 return deleted
-            keys = [(r[0], r[1]) for r in found]
-            key = tuple_(t.c.task_name, t.c.task_instance)
-            deleted += await self.db.rowcount(delete(t).where(key.in_(keys), *guards))
+            last = found[-1]
+            after = (last[0], last[1], last[2])
+            keys = [(r[1], r[2]) for r in found if r[1] not in known]
+            if keys:
+                deleted += await self.db.rowcount(delete(t).where(key.in_(keys), *guards))
             if len(found) < _UNRESOLVED_BATCH:
                 return deleted
 

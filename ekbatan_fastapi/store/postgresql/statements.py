@@ -19,6 +19,7 @@ from ...domain.rows import FinishKind
 
 __all__ = [
     "HISTORY_PARAMS",
+    "MANY_NAMES",
     "RETURNING",
     "Statement",
     "claim",
@@ -30,6 +31,7 @@ __all__ = [
     "notify",
     "revive_dead",
     "upsert",
+    "window",
 ]
 
 COLUMNS = (
@@ -99,45 +101,173 @@ def _next_due(t: str, wanted: str) -> str:
     )
 
 
+# -- reaching the known names' rows through the index --------------------------------------------
+#
+# The task names this instance knows are reached through ``ekbatan_task_name_priority_idx``
+# (migration V0004: ``task_name COLLATE "C"``, the priority with NULL as 32768, which sorts
+# above every ``smallint`` as NULL does in ``ORDER BY priority DESC``, and ``execution_time``),
+# one index range per (task name, priority): the rows of names it does not know (another
+# application sharing the table, unresolved rows) are never read, however many there are. The
+# conditions are row comparisons on that index's columns, expression and collation, which no
+# other index of the table can serve: the plan is the same whatever the statistics say, custom
+# or generic. ``groups`` is a loose index scan: one descent per (task name, priority) with rows.
+
+_KEY = 't.task_name COLLATE "C"'
+_PRIORITY = "COALESCE(CAST(t.priority AS integer), 32768)"
+_ORDER = f"ORDER BY {_KEY}, {_PRIORITY}, t.execution_time"
+
+
+def _groups(p: str | None, t: str) -> str:
+    """``known`` (the names, less the paused ones) and ``groups`` (each (name, priority) that
+    has rows)."""
+    paused = f" WHERE n.name NOT IN (SELECT task_name FROM {p})" if p else ""
+    return f"""known AS MATERIALIZED (
+    SELECT DISTINCT n.name FROM unnest(CAST(:names AS text[])) AS n(name){paused}
+), groups AS (
+    SELECT f.task_name, f.priority FROM known AS n
+    CROSS JOIN LATERAL (
+        SELECT t.task_name, {_PRIORITY} AS priority FROM {t} AS t
+        WHERE ({_KEY}, {_PRIORITY}) >= (n.name, -32768)
+        ORDER BY {_KEY}, {_PRIORITY} LIMIT 1
+    ) AS f WHERE f.task_name = n.name
+  UNION ALL
+    SELECT f.task_name, f.priority FROM groups AS g
+    CROSS JOIN LATERAL (
+        SELECT t.task_name, {_PRIORITY} AS priority FROM {t} AS t
+        WHERE ({_KEY}, {_PRIORITY}) > (g.task_name, g.priority)
+        ORDER BY {_KEY}, {_PRIORITY} LIMIT 1
+    ) AS f WHERE f.task_name = g.task_name
+)"""
+
+
+def window(limit: int, *, locking: bool) -> int:
+    """How many due rows of each (name, priority) a poll of ``limit`` rows looks at: ``limit``
+    (fetch) or ``2 x limit`` (lock-and-fetch: room to skip a peer's locked rows), rounded up
+    to a power of two. It is written into the statement as a constant: a bound parameter there
+    would be estimated at a tenth of the table in a generic plan, which can cost more than the
+    poll itself (a plan that expensive is JIT-compiled at every execution)."""
+    wanted = max(2 * limit if locking else limit, 16)
+    return 1 << (wanted - 1).bit_length()
+
+
+def _due_candidates(t: str, window: int) -> str:
+    """``candidates``: per (name, priority), its first ``window`` due unpicked rows."""
+    return f"""candidates AS MATERIALIZED (
+    SELECT c.* FROM groups AS g
+    CROSS JOIN LATERAL (
+        SELECT t.task_name, t.task_instance, t.priority, t.execution_time, t.version
+        FROM {t} AS t
+        WHERE ({_KEY}, {_PRIORITY}) >= (g.task_name, g.priority)
+          AND ({_KEY}, {_PRIORITY}, t.execution_time) <= (g.task_name, g.priority, now())
+          AND t.picked = false
+        {_ORDER} LIMIT {window}
+    ) AS c
+)"""
+
+
+def _next_due_by_group(t: str) -> str:
+    """The earliest future ``execution_time`` of an unpicked row of the known names."""
+    return f"""(SELECT min((
+        SELECT t.execution_time FROM {t} AS t
+        WHERE ({_KEY}, {_PRIORITY}, t.execution_time) > (g.task_name, g.priority, now())
+          AND ({_KEY}, {_PRIORITY}) <= (g.task_name, g.priority) AND t.picked = false
+        {_ORDER} LIMIT 1
+    )) FROM groups AS g)"""
+
+
 # -- claiming ----------------------------------------------------------------------------------
 
+MANY_NAMES = 500
+"""From this many task names on, the poll reads the due rows in time order and keeps those of
+its names (one index descent per name would cost more than the rows of other names it skips)."""
 
-def lock_and_fetch(t: str, p: str | None) -> str:
+
+_CLAIMED = """claimed AS (
+    UPDATE {t} AS t
+    SET picked = true, picked_by = :picked_by, last_heartbeat = now(), version = t.version + 1
+    WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM due))
+    RETURNING {returning}
+)"""
+"""The claim of the rows ``due`` locked, found by their ``ctid`` (a TID scan): a join on the
+key could be planned as a hash join over the whole table in a generic plan. A row whose
+locked version the statement's snapshot cannot see (a peer changed it just before) is not
+claimed, and is reported as skipped."""
+
+
+def lock_and_fetch(t: str, p: str | None, *, window: int | None = 128) -> str:
     """Claim due rows in one statement (``FOR UPDATE SKIP LOCKED``). ``skipped`` is a due row
     this statement did not claim although the batch had room: another transaction held it
     locked (a peer's claim, or anybody's lock). It is reported as the next due time, which is
     then not in the future, and the scheduler looks again soon. Not computed for a full batch,
-    which is polled again at once anyway."""
-    wanted = _wanted(p)
+    which is polled again at once anyway.
+
+    With a ``window`` (see ``window()``), the rows are reached per known task name (see
+    ``_groups``): the candidates are the first ``window`` due rows of each (name, priority),
+    locked one by one in claim order, skipping those a peer holds, until ``limit`` are claimed.
+    Without, the due rows are read in claim order and those of the names kept (``MANY_NAMES``).
+    """
+    if window is None:
+        return _lock_and_fetch_scan(t, p)
     return f"""
-WITH due AS (
-    SELECT task_name, task_instance FROM {t}
-    WHERE picked = false AND execution_time <= now() AND {wanted}
-    ORDER BY priority DESC, execution_time ASC
+WITH RECURSIVE {_groups(p, t)}, {_due_candidates(t, window)}, due AS (
+    SELECT x.ctid
+    FROM (SELECT * FROM candidates ORDER BY priority DESC, execution_time) AS c
+    CROSS JOIN LATERAL (
+        SELECT t.ctid FROM {t} AS t
+        WHERE t.task_name = c.task_name AND t.task_instance = c.task_instance
+          AND t.picked = false AND t.execution_time <= now()
+        FOR UPDATE SKIP LOCKED
+    ) AS x
+    ORDER BY c.priority DESC, c.execution_time
     LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE {t} AS t
-    SET picked = true, picked_by = :picked_by, last_heartbeat = now(), version = t.version + 1
-    FROM due
-    WHERE t.task_name = due.task_name AND t.task_instance = due.task_instance
-    RETURNING {RETURNING}
-)
+), {_CLAIMED.format(t=t, returning=RETURNING)}
 SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due)
 FROM (
-    SELECT now() AS db_now, {_next_due(t, wanted)} AS next_due,
-        CASE WHEN (SELECT count(*) FROM due) < :limit THEN (
-            SELECT min(execution_time) FROM {t}
-            WHERE picked = false AND execution_time <= now() AND {wanted}
-              AND (task_name, task_instance) NOT IN (SELECT task_name, task_instance FROM due)
+    SELECT now() AS db_now, {_next_due_by_group(t)} AS next_due,
+        CASE WHEN (SELECT count(*) FROM claimed) < :limit THEN (
+            SELECT min(execution_time) FROM candidates
+            WHERE (task_name, task_instance) NOT IN (SELECT task_name, task_instance FROM claimed)
         ) END AS skipped
 ) AS x
 LEFT JOIN claimed AS c ON true
 """
 
 
-def fetch_candidates(t: str, p: str | None) -> str:
-    """Fetch, step 1 (no locks): the clock, the next due time and the candidates."""
+def _lock_and_fetch_scan(t: str, p: str | None) -> str:
+    wanted = _wanted(p)
+    return f"""
+WITH due AS (
+    SELECT ctid FROM {t}
+    WHERE picked = false AND execution_time <= now() AND {wanted}
+    ORDER BY priority DESC, execution_time ASC
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), {_CLAIMED.format(t=t, returning=RETURNING)}
+SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due)
+FROM (
+    SELECT now() AS db_now, {_next_due(t, wanted)} AS next_due,
+        CASE WHEN (SELECT count(*) FROM claimed) < :limit THEN (
+            SELECT min(execution_time) FROM {t}
+            WHERE picked = false AND execution_time <= now() AND {wanted}
+              AND (task_name, task_instance) NOT IN (SELECT task_name, task_instance FROM claimed)
+        ) END AS skipped
+) AS x
+LEFT JOIN claimed AS c ON true
+"""
+
+
+def fetch_candidates(t: str, p: str | None, *, window: int | None = 64) -> str:
+    """Fetch, step 1 (no locks): the clock, the next due time and the candidates (by name
+    with a ``window``, as ``lock_and_fetch``)."""
+    if window is not None:
+        return f"""
+WITH RECURSIVE {_groups(p, t)}, {_due_candidates(t, window)}
+SELECT c.task_name, c.task_instance, c.version, x.db_now, x.next_due
+FROM (SELECT now() AS db_now, {_next_due_by_group(t)} AS next_due) AS x
+LEFT JOIN LATERAL (
+    SELECT * FROM candidates ORDER BY priority DESC, execution_time LIMIT :limit
+) AS c ON true
+"""
     wanted = _wanted(p)
     return f"""
 SELECT c.*, x.db_now, x.next_due

@@ -88,13 +88,9 @@ class PostgresTaskStore(TaskStore):
         t = db.quoted(tables.tasks)
         h = db.quoted(tables.history)
         p = db.quoted(tables.paused)
-        self._poll_sql: dict[bool, tuple[q.Statement, q.Statement]] = {
-            skip_paused: (
-                q.Statement("poll", q.lock_and_fetch(t, p if skip_paused else None)),
-                q.Statement("poll", q.fetch_candidates(t, p if skip_paused else None)),
-            )
-            for skip_paused in (False, True)
-        }
+        self._t, self._p = t, p
+        self._poll_sql: dict[tuple[PollingStrategy, bool, int | None], q.Statement] = {}
+        """The poll statements, made on first use: by strategy, ``skip_paused`` and window."""
         self._claim = q.Statement("claim", q.claim(t))
         self._finish_sql = q.Statement("finish", q.finish(t))
         self._finish_history = {
@@ -108,8 +104,24 @@ class PostgresTaskStore(TaskStore):
         self.channel = f"ekbatan_{tables.table_name.replace('.', '_')}"[:63]
         """The LISTEN/NOTIFY channel of this table."""
 
+    def _poll_statement(
+        self, strategy: PollingStrategy, skip_paused: bool, names: int, limit: int
+    ) -> q.Statement:
+        locking = strategy == PollingStrategy.LOCK_AND_FETCH
+        window = q.window(limit, locking=locking) if names < q.MANY_NAMES else None
+        key = (strategy, skip_paused, window)
+        stmt = self._poll_sql.get(key)
+        if stmt is None:
+            make = q.lock_and_fetch if locking else q.fetch_candidates
+            stmt = q.Statement(
+                "poll", make(self._t, self._p if skip_paused else None, window=window)
+            )
+            self._poll_sql[key] = stmt
+        return stmt
+
     def statements(self) -> dict[str, str]:
-        lock_and_fetch, fetch_candidates = self._poll_sql[True]
+        lock_and_fetch = self._poll_statement(PollingStrategy.LOCK_AND_FETCH, True, 1, 50)
+        fetch_candidates = self._poll_statement(PollingStrategy.FETCH, True, 1, 50)
         return {
             "lock_and_fetch": lock_and_fetch.template,
             "fetch_candidates": fetch_candidates.template,
@@ -230,12 +242,12 @@ class PostgresTaskStore(TaskStore):
         lease: Lease | None,
     ) -> PollResult:
         params: dict[str, Any] = {"names": list(names), "limit": limit, "picked_by": picked_by}
-        lock_and_fetch, fetch_candidates = self._poll_sql[skip_paused]
+        poll = self._poll_statement(strategy, skip_paused, len(names), limit)
         if strategy == PollingStrategy.LOCK_AND_FETCH:
-            rows = await self._fetch(lock_and_fetch, params, lease)
+            rows = await self._fetch(poll, params, lease)
             claimed = [_task_row(r) for r in rows if r[0] is not None]
             return PollResult(claimed, rows[0][12], rows[0][13])
-        rows = await self._fetch(fetch_candidates, params, lease)
+        rows = await self._fetch(poll, params, lease)
         db_now: datetime = rows[0][3]
         next_due: datetime | None = rows[0][4]
         candidates = [r for r in rows if r[0] is not None]

@@ -1,0 +1,188 @@
+"""Rows of task names an instance does not know (another application sharing the table,
+unresolved rows) cost its polls nothing: the plans reach the known names through our index
+(migration V0004) and never read the others' rows, in a custom plan and in a generic one.
+And what the polls claim is still the due rows of the known names, by priority then time."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ekbatan_fastapi import scheduled_tasks
+from ekbatan_fastapi.domain.rows import PollingStrategy
+from ekbatan_fastapi.store.dialects import open_store
+from ekbatan_fastapi.store.postgresql import statements as q
+from ekbatan_fastapi.store.tasks import TaskStore
+
+from .conftest import Database
+from .helpers import db_now, is_mysql
+
+T = scheduled_tasks
+FOREIGN = 100_000
+KNOWN = ["known-a", "known-b", "known-c"]
+
+
+async def _fill(engine: AsyncEngine) -> None:
+    """10^5 rows of ten foreign names, half of them long due, half due tomorrow (generated in
+    the database); each known name has a few due rows and a future one."""
+    if is_mysql(engine):
+        foreign = (
+            "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, picked, "
+            "version, priority) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+            f"WHERE i < {FOREIGN}) SELECT CONCAT('foreign-', i % 10), CONCAT('i', i), "
+            "IF(i % 2 = 0, UTC_TIMESTAMP(6) - INTERVAL 1 DAY, UTC_TIMESTAMP(6) + INTERVAL 1 DAY), "
+            "0, 1, 0 FROM n"
+        )
+    else:
+        foreign = (
+            "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, picked, "
+            "version, priority) SELECT 'foreign-' || (i % 10), 'i' || i, CASE WHEN i % 2 = 0 "
+            "THEN now() - interval '1 day' ELSE now() + interval '1 day' END, false, 1, 0 "
+            f"FROM generate_series(1, {FOREIGN}) AS i"
+        )
+    now = await db_now(engine)
+    known = [
+        {
+            "task_name": name,
+            "task_instance": f"due-{i}",
+            "execution_time": now - timedelta(minutes=1),
+        }
+        for name in KNOWN
+        for i in range(3)
+    ] + [
+        {"task_name": name, "task_instance": "later", "execution_time": now + timedelta(hours=1)}
+        for name in KNOWN
+    ]
+    async with engine.begin() as conn:
+        if is_mysql(engine):
+            await conn.execute(text("SET SESSION cte_max_recursion_depth = 1000000"))
+        await conn.execute(text(foreign))
+        await conn.execute(
+            insert(T), [r | {"picked": False, "version": 1, "priority": 0} for r in known]
+        )
+        await conn.execute(
+            text("ANALYZE TABLE scheduled_tasks" if is_mysql(engine) else "ANALYZE scheduled_tasks")
+        )
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, list):
+        return "'{" + ",".join(value) + "}'"
+    return str(value) if isinstance(value, int) else f"'{value}'"
+
+
+async def _plan(
+    engine: AsyncEngine, stmt: q.Statement, params: dict[str, Any], generic: bool
+) -> list[dict[str, Any]]:
+    types = {"names": "text[]", "limit": "int", "picked_by": "text"}
+    async with engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        driver: Any = raw.driver_connection
+        transaction = driver.transaction()
+        await transaction.start()
+        try:
+            mode = "force_generic_plan" if generic else "force_custom_plan"
+            await driver.execute(f"SET LOCAL plan_cache_mode = {mode}")
+            order = ", ".join(types[n] for n in stmt.order)
+            await driver.execute(f"PREPARE poll({order}) AS {stmt.sql}")
+            args = ", ".join(_literal(params[n]) for n in stmt.order)
+            answer = await driver.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE poll({args})")
+        finally:
+            await transaction.rollback()  # the claim is not kept (nor the PREPARE)
+    plan = json.loads(answer) if isinstance(answer, str) else answer
+    return list(_nodes(plan[0]["Plan"]))
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+@pytest.mark.parametrize("strategy", list(PollingStrategy))
+async def test_postgres_polls_never_read_rows_of_other_task_names(
+    any_database: Database, any_engine: AsyncEngine, strategy: PollingStrategy, generic: bool
+) -> None:
+    if is_mysql(any_engine):
+        pytest.skip(
+            "the plans of PostgreSQL (MySQL/MariaDB: test_mysql_polls_never_read_other_rows)"
+        )
+    await _fill(any_engine)
+    t = "scheduled_tasks"
+    window = q.window(50, locking=strategy == PollingStrategy.LOCK_AND_FETCH)
+    make = q.lock_and_fetch if strategy == PollingStrategy.LOCK_AND_FETCH else q.fetch_candidates
+    stmt = q.Statement("poll", make(t, "ekbatan_paused_tasks", window=window))
+    nodes = await _plan(any_engine, stmt, {"names": KNOWN, "limit": 50, "picked_by": "me"}, generic)
+    read = [n for n in nodes if n.get("Relation Name") == t]
+    assert read, nodes
+    for node in read:
+        if node["Node Type"] == "ModifyTable":  # the claim itself, of the rows locked
+            continue
+        assert node["Node Type"] in ("Index Scan", "Index Only Scan", "Tid Scan"), node
+        assert node.get("Index Name") in (
+            "ekbatan_task_name_priority_idx",
+            "scheduled_tasks_pkey",
+            None,
+        ), node
+        removed = node.get("Rows Removed by Filter", 0) * node.get("Actual Loops", 1)
+        assert removed <= 20, node
+        assert node["Actual Rows"] * node.get("Actual Loops", 1) <= 60, node
+    # what it found: the nine due rows of the known names
+    returned = nodes[0]["Actual Rows"]
+    assert returned == 9
+
+
+async def test_polls_claim_by_priority_then_time_within_and_across_names(
+    any_database: Database, any_engine: AsyncEngine
+) -> None:
+    """Several priorities within one name, a NULL priority (written by another program: it
+    sorts first on PostgreSQL, last on MySQL/MariaDB), and rows of a name not asked for."""
+    repo: TaskStore = open_store(any_engine, any_database.dialect).tasks
+    now = await db_now(any_engine)
+    rows = [
+        ("a", "a-low-old", 1, 30),
+        ("a", "a-high-new", 5, 1),
+        ("a", "a-high-old", 5, 20),
+        ("b", "b-mid", 3, 10),
+        ("b", "b-null", None, 5),
+        ("a", "a-future", 9, -60),
+        ("other", "o-top", 99, 40),
+    ]
+    async with any_engine.begin() as conn:
+        await conn.execute(
+            insert(T),
+            [
+                {
+                    "task_name": name,
+                    "task_instance": instance,
+                    "execution_time": now - timedelta(seconds=age),
+                    "picked": False,
+                    "version": 1,
+                    "priority": priority,
+                }
+                for name, instance, priority, age in rows
+            ],
+        )
+    null_first = not is_mysql(any_engine)
+    expected = ["a-high-old", "a-high-new", "b-mid", "a-low-old"]
+    expected = ["b-null", *expected] if null_first else [*expected, "b-null"]
+    claimed: list[str] = []
+    for _ in range(5):
+        result = await repo.poll(["a", "b"], 1, "me", PollingStrategy.FETCH)
+        claimed += [r.task_instance for r in result.claimed]
+    assert claimed == expected
+    assert result.next_due is not None and result.next_due > now  # "a-future"
+    for strategy in PollingStrategy:
+        if strategy == PollingStrategy.LOCK_AND_FETCH and not repo.supports_skip_locked:
+            continue
+        async with any_engine.begin() as conn:
+            await conn.execute(T.update().where(T.c.task_name != "other").values(picked=False))
+        got = await repo.poll(["a", "b"], 2, "me", strategy)
+        assert sorted(r.task_instance for r in got.claimed) == sorted(expected[:2]), strategy
