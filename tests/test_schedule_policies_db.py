@@ -287,6 +287,8 @@ async def test_backfill_of_a_paused_job_is_refused_unless_forced_and_waits_for_r
     forced = await client.backfill("billing", start, start + 2 * HOUR, force=True)
     assert forced.inserted == 2
     assert (await client.backfill_counts()) == {"billing": 2}
+    views = {v.name: v for v in await _views(registry)}
+    assert views["billing"].backfill_pending == 2, "visible on /jobs while it waits"
     await asyncio.sleep(0.5)
     assert job.slots == [], "paused: the backfill waits"
     await client.resume("billing")
