@@ -262,3 +262,11 @@ def test_without_a_version_a_changed_schedule_is_applied_with_a_warning() -> Non
     decision = decide(_definition("CRON|0 0 1 1 *", None), _definition("CRON|0 0 1 7 *", "2"))
     assert decision.ours and decision.changed and decision.warning is not None
     assert "jobs.app-version" in decision.warning
+
+
+def test_a_time_that_is_no_slot_stands_for_itself_under_jitter() -> None:
+    schedule = Schedules.cron("0 * * * *").with_jitter(timedelta(minutes=5)).bind("x")
+    made_due = datetime(2026, 12, 1, 10, 37, 12, tzinfo=UTC)  # run_now: not a jittered slot
+    assert schedule.slot_of(made_due) == made_due
+    after = schedule.next_execution_time(made_due, made_due)
+    assert schedule.slot_of(after) == datetime(2026, 12, 1, 11, tzinfo=UTC)

@@ -209,8 +209,12 @@ class Jittered(Schedule):
         return slot + self.offset(slot)
 
     def slot_of(self, execution_time: datetime) -> datetime:
+        """The slot whose jittered time ``execution_time`` is; a time that is no slot's (a row
+        made due by ``run_now``) stands for itself."""
         found = self.base.slot_at_or_before(execution_time)
-        return execution_time if found is None else found
+        if found is None or self.due_time(found) != execution_time:
+            return execution_time
+        return found
 
     def initial_execution_time(self, now: datetime) -> datetime:
         now = utc(now, "now")
