@@ -5,6 +5,7 @@ the async ones and waits again, then abandons what is left."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -136,7 +137,9 @@ class Executor:
     async def _run(self, execution: Execution) -> None:
         began = self.config.clock.monotonic()
         try:
-            error, cancelled = await self._call_job(execution)
+            async with self.observer.execution_scope(execution):  # e.g. its span (otel)
+                began = self.config.clock.monotonic()
+                error, cancelled = await self._call_job(execution)
         except Abandoned:
             self.running.forget(execution)  # no more heartbeats: revived after the dead window
             return
@@ -233,8 +236,9 @@ class Executor:
         """A plain ``def`` job in a worker thread; its timeout is cooperative."""
         disarm = self._timer.arm(execution, timeout) if timeout is not None else None
         try:
+            # in the task's context: what an observer's execution_scope made current
             await asyncio.get_running_loop().run_in_executor(
-                self._thread_pool(), execution.job.execute, ctx
+                self._thread_pool(), contextvars.copy_context().run, execution.job.execute, ctx
             )
             error: BaseException | None = None
         except Exception as exc:
