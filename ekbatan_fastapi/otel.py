@@ -50,6 +50,8 @@ INSTRUMENTATION_NAME = "ekbatan_fastapi"
 """The tracer's (instrumentation scope's) name."""
 
 _ERRORS = {Outcome.FAILED, Outcome.TIMED_OUT}
+_LINK_WAIT = 2.0
+"""Seconds an execution waits at most for its stored trace context (then runs unlinked)."""
 
 
 def _trace_api() -> Any:
@@ -101,7 +103,8 @@ class EkbatanTracing(SchedulerObserver):
 
     def attached(self, scheduler: Scheduler) -> None:
         self._traces = scheduler.store.traces
-        self._db_system = scheduler.store.dialect.name
+        name = scheduler.store.dialect.name
+        self._db_system = "mysql" if name == "mysql5" else name
         self._scheduler = scheduler.name
 
     # -- the scheduling side ------------------------------------------------------------
@@ -127,9 +130,10 @@ class EkbatanTracing(SchedulerObserver):
         if not (self.link_scheduling and execution.one_time and traces is not None):
             return []
         try:
-            if not await traces.look():
-                return []
-            stored = await traces.load(execution.task_name, execution.task_instance)
+            async with asyncio.timeout(_LINK_WAIT):
+                if not await traces.look():
+                    return []
+                stored = await traces.load(execution.task_name, execution.task_instance)
         except Exception as error:  # a span without its link, never a failed execution
             log.debug("could not read the trace context of %s: %s", execution.task_name, error)
             return []

@@ -249,6 +249,19 @@ async def test_statement_spans_only_with_the_flag(
     assert all(s.parent is None for s in spans(exporter, "execute tock"))
 
 
+async def test_an_execution_cancelled_at_shutdown_ends_its_span(
+    registries: RegistryFactory, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    stuck = RecordingJob("stuck", Schedules.fixed_delay(timedelta(hours=1)), block=asyncio.Event())
+    registry = await registries.start(stuck, shutdown=0.2, customize=tracing(provider))
+    await asyncio.wait_for(stuck.started.wait(), 10)
+    assert spans(exporter, "execute stuck") == []  # still running: not ended
+    await registry.stop()
+    (span,) = spans(exporter, "execute stuck")
+    assert dict(span.attributes or {})["ekbatan.outcome"] == "cancelled"
+    assert dict(span.attributes or {})["ekbatan.kind"] == "recurring"
+
+
 async def test_a_failing_observer_scope_never_breaks_an_execution(
     registries: RegistryFactory,
 ) -> None:
