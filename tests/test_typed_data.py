@@ -203,6 +203,10 @@ async def test_a_row_whose_data_no_longer_fits_is_parked_once_and_shown_on_jobs(
         await registry.client.reschedule(
             "send-invoice", "old-shape", None, data={"invoice_id": 42, "amount": 10}
         )
+        await registry.client.run_now("send-invoice", "to-drop")  # as it is: parked again
+        await wait_until(
+            lambda: _parked_twice(registry, "to-drop"), what="to-drop parked a second time"
+        )
         await registry.client.cancel("send-invoice", "to-drop")
         await wait_until(lambda: len(job.seen) == 1, what="the fixed row ran")
         assert job.seen[0].invoice_id == 42
@@ -214,6 +218,10 @@ async def _parked(registry: JobRegistry, *instances: str) -> bool:
         if Outcome.PARKED not in await _outcomes(registry, instance):
             return False
     return True
+
+
+async def _parked_twice(registry: JobRegistry, instance: str) -> bool:
+    return await _outcomes(registry, instance) == [Outcome.PARKED, Outcome.PARKED]
 
 
 async def _gone(registry: JobRegistry, *instances: str) -> bool:
