@@ -199,6 +199,9 @@ async def test_a_row_whose_data_no_longer_fits_is_parked_once_and_shown_on_jobs(
         assert "invoice_id: Field required" in record["error_message"]
         assert "reschedule" in record["error_message"]
 
+        page = (await http.get("/jobs/ui")).text  # the dashboard: badge, and why
+        assert 'badge st-parked">parked' in page and "does not fit InvoiceData" in page
+
         # The fix: new data (checked against the model) and due now; or the row is dropped.
         await registry.client.reschedule(
             "send-invoice", "old-shape", None, data={"invoice_id": 42, "amount": 10}
