@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 INSTRUMENTATION_NAME = "ekbatan_fastapi"
 """The tracer's (instrumentation scope's) name."""
 
-_ERRORS = {Outcome.FAILED, Outcome.TIMED_OUT}
+_ERRORS = {Outcome.FAILED, Outcome.TIMED_OUT, Outcome.PARKED}
 _LINK_WAIT = 2.0
 """Seconds an execution waits at most for its stored trace context (then runs unlinked)."""
 

@@ -479,3 +479,31 @@ async def test_status_shows_the_current_condition_and_the_last_error_with_its_ti
     assert status.last_error is not None and "the database is away" in status.last_error
     assert status.last_error_at is not None and status.condition_since is not None
     assert status.last_error_at <= status.condition_since
+
+
+async def test_a_pool_whose_server_went_silent_closes_within_its_bound(
+    any_database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``ConnectionProvider.dispose`` on a server that accepts and never answers (a frozen
+    primary): the polite close would wait forever; after its timeout the connections left are
+    closed at once (asyncpg waits for the server's answer to its Terminate; MySQL's COM_QUIT
+    expects none). A harness that disposed a client's pool hung CI here."""
+    from ekbatan_fastapi.store.connection import ConnectionProvider
+
+    proxy = Proxy(any_database_url)
+    await proxy.start()
+    provider = ConnectionProvider.from_url(proxy.url, pool_size=2)
+    try:
+        async with provider.engine.connect() as a, provider.engine.connect() as b:
+            for conn in (a, b):
+                await conn.execute(text("SELECT 1"))
+        await proxy.blackhole()
+        caplog.set_level(logging.WARNING, "ekbatan_fastapi.store")
+        began = time.monotonic()
+        await provider.dispose(timeout=0.5)
+        took = time.monotonic() - began
+        assert took < 3, f"the dispose took {took:.1f}s"
+        if provider.dialect == "postgresql":  # MySQL's COM_QUIT expects no answer
+            assert any("closed without waiting" in r.getMessage() for r in caplog.records)
+    finally:
+        await proxy.close()

@@ -114,7 +114,8 @@ async def last_errors(
     for name in names[:_MAX_FAILING_NAMES]:
         for record in await state.client.history(name, limit=_HISTORY_DEPTH):
             key = (record.task_name, record.task_instance)
-            if record.outcome == Outcome.FAILED and key in wanted and key not in found:
+            failed = record.outcome in (Outcome.FAILED, Outcome.PARKED)
+            if failed and key in wanted and key not in found:
                 found[key] = history_record(record)
     return found
 
