@@ -36,6 +36,8 @@ from .helpers import RecordingJob, RegistryFactory, wait_until
 TWO_DATABASES = pytest.mark.parametrize(
     "any_database", ["postgresql-embedded", "mysql"], indirect=True
 )
+"""Embedded PostgreSQL and the MySQL/MariaDB server (EKBATAN_TEST_MYSQL_URL); the others
+(``any_database``'s four) where the statements differ by dialect."""
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -101,7 +103,6 @@ async def trace_rows(engine: AsyncEngine) -> list[tuple[str, str, str]]:
         return [(r[0], r[1], r[2]) for r in rows]
 
 
-@TWO_DATABASES
 async def test_a_span_per_execution_with_its_attributes_and_outcome(
     any_database: Database,
     any_registries: RegistryFactory,
@@ -146,7 +147,6 @@ async def test_a_span_per_execution_with_its_attributes_and_outcome(
     assert ok.end_time >= ok.start_time
 
 
-@TWO_DATABASES
 async def test_an_execution_links_to_the_trace_that_scheduled_it(
     any_database: Database,
     any_engine: AsyncEngine,
@@ -216,6 +216,32 @@ async def test_schedule_many_keeps_contexts_of_created_rows_and_pruning_drops_or
     await client.cancel("greet", "b")
     assert await registry.store.traces.prune() == 1
     assert [r[1] for r in await trace_rows(any_engine)] == ["c"]
+
+
+@TWO_DATABASES
+async def test_the_housekeeper_prunes_contexts_whose_task_is_gone(
+    any_database: Database,
+    any_engine: AsyncEngine,
+    any_registries: RegistryFactory,
+    provider: TracerProvider,
+) -> None:
+    async with any_engine.begin() as conn:  # a context left by a task cancelled elsewhere
+        await conn.execute(
+            text(
+                "INSERT INTO ekbatan_trace_context (task_name, task_instance, traceparent, "
+                "created_at) VALUES ('greet', 'gone', :parent, :at)"
+            ),
+            {"parent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "at": datetime.now(UTC)},
+        )
+    assert len(await trace_rows(any_engine)) == 1
+    await any_registries.start(Greet(provider))  # no tracing here: the pruning is the core's
+    await wait_until(lambda: _no_rows(any_engine), what="the first housekeeping round's prune")
+
+
+def test_without_the_extra_tracing_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # as if not installed
+    with pytest.raises(ConfigurationError, match=r"pip install 'ekbatan-fastapi\[otel\]'"):
+        EkbatanTracing()
 
 
 @TWO_DATABASES
