@@ -162,6 +162,7 @@ class EkbatanTracing(SchedulerObserver):
             attributes["ekbatan.backfill"] = True
         span: Span = self._tracer.start_span(
             f"execute {execution.task_name}",
+            context=self._context.Context(),  # a trace of its own (a forced run's too)
             kind=self._trace.SpanKind.CONSUMER,
             attributes=attributes,
             links=links,

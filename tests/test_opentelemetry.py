@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from ekbatan_fastapi import ConfigurationError, ExecutionContext, OneTimeJob, Schedules
 from ekbatan_fastapi.engine.observer import ExecutionStarted, SchedulerObserver
@@ -178,9 +178,12 @@ async def test_an_execution_links_to_the_trace_that_scheduled_it(
     task = await client.get("greet", "bob")
     assert task is not None and task.data == {"to": "bob"}
 
-    await client.run_now("greet", "bob")
+    await client.pause("greet")
+    with request_tracer.start_as_current_span("POST /jobs/greet/run?force=true"):
+        await client.run_now("greet", "bob", force=True)  # launched here, from this span
     await wait_until(lambda: len(spans(exporter, "execute greet")) == 1, what="greet's span")
     (execution,) = spans(exporter, "execute greet")
+    assert execution.parent is None  # never a child of the caller's span: linked
     (link,) = execution.links
     assert link.context.trace_id == scheduled.trace_id
     assert link.context.span_id == scheduled.span_id
@@ -216,6 +219,13 @@ async def test_schedule_many_keeps_contexts_of_created_rows_and_pruning_drops_or
     await client.cancel("greet", "b")
     assert await registry.store.traces.prune() == 1
     assert [r[1] for r in await trace_rows(any_engine)] == ["c"]
+
+    # in the application's ORM session: committed with it
+    with tracer.start_as_current_span("POST /session"):
+        async with AsyncSession(registry.engine) as session, session.begin():
+            assert await client.schedule("greet", "d", later, connection=session)
+            assert await client.schedule_many("greet", [("e", later, None)], connection=session)
+    assert [r[1] for r in await trace_rows(any_engine)] == ["c", "d", "e"]
 
 
 @TWO_DATABASES
