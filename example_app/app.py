@@ -12,9 +12,9 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ekbatan_fastapi import create_schema
+from ekbatan_fastapi import ConnectionProvider, create_schema
 from ekbatan_fastapi.settings import EkbatanSettings
 from ekbatan_fastapi.web import (
     EkbatanState,
@@ -58,17 +58,23 @@ async def prepare_database(engine: AsyncEngine, *, jobs: bool) -> None:
 async def app_resources(app: FastAPI) -> AsyncIterator[Mapping[str, Any]]:
     """The application's own lifespan: opens before the jobs start, closes after they stop."""
     settings = EkbatanSettings()
-    jobs_engine = create_async_engine(settings.jobs_datasource().sqlalchemy_url(), pool_size=1)
+    # Built as the library builds its own pool, so that the app's engine works where the
+    # jobs' does: behind PgBouncer's transaction pooling (EKBATAN_JOBS__POOLER), a multi-host
+    # URL with a connect timeout per host, MySQL/MariaDB's session bounds.
+    pooler = settings.jobs.pooler
+    jobs_pool = ConnectionProvider.from_url(
+        settings.jobs_datasource().sqlalchemy_url(), pool_size=1, pooler=pooler
+    )
     try:
-        await prepare_database(jobs_engine, jobs=True)
+        await prepare_database(jobs_pool.engine, jobs=True)
     finally:
-        await jobs_engine.dispose()
-    engine = create_async_engine(app_database_url(settings), pool_size=2, max_overflow=0)
-    await prepare_database(engine, jobs=False)
+        await jobs_pool.dispose()
+    pool = ConnectionProvider.from_url(app_database_url(settings), pool_size=2, pooler=pooler)
+    await prepare_database(pool.engine, jobs=False)
     try:
-        yield {"db": engine}
+        yield {"db": pool.engine}
     finally:
-        await engine.dispose()
+        await pool.dispose()
 
 
 basic_auth = HTTPBasic(auto_error=False, realm="ekbatan-fastapi example")
