@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
 from typing import Annotated
 
 import pytest
@@ -20,7 +21,6 @@ from ekbatan_fastapi import (
     OneTimeJob,
     Schedule,
     Schedules,
-    distributed_job,
 )
 from ekbatan_fastapi.testing import HeartbeatState, TimeMachine, build_jobs, run_job
 from ekbatan_fastapi.web import create_ekbatan_lifespan
@@ -247,7 +247,6 @@ async def fake_greeter() -> AsyncIterator[Greeter]:
     closed.append("fake")
 
 
-@distributed_job
 class Greet(DistributedJob):
     def __init__(self, greeter: Annotated[Greeter, Depends(get_greeter)]) -> None:
         self.greeter = greeter
@@ -401,3 +400,17 @@ def test_importing_testing_does_not_import_fastapi() -> None:
         "assert 'fastapi' not in sys.modules and 'starlette' not in sys.modules"
     )
     subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True)
+
+
+def test_docs_show_the_example_verbatim() -> None:
+    root = Path(__file__).resolve().parent
+    doc = (root.parent / "docs" / "testing.md").read_text()
+    for name, imported in (
+        ("docs_example_jobs.py", ("", "")),
+        (
+            "test_docs_testing_example.py",
+            ("from .docs_example_jobs import", "from app.jobs import"),
+        ),
+    ):
+        code = (root / name).read_text().split('"""', 2)[2].strip("\n")
+        assert code.replace(*imported) in doc, f"docs/testing.md no longer shows tests/{name}"
