@@ -282,6 +282,13 @@ async def test_build_jobs_of_an_app_without_our_lifespan_takes_jobs() -> None:
         assert isinstance(job, Greet) and job.greeter.word == "real"
 
 
+async def test_build_jobs_refuses_two_jobs_of_one_name() -> None:
+    app = FastAPI(lifespan=create_ekbatan_lifespan(jobs=[Nightly(), SyncJob()], discover=False))
+    with pytest.raises(ConfigurationError, match="two jobs are named 'nightly'"):
+        async with build_jobs(app):
+            pass
+
+
 # -- TimeMachine ---------------------------------------------------------------------------
 
 START = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
@@ -359,6 +366,40 @@ async def test_time_machine_failed_one_time_task_retries_at_its_time(
         assert await tm.run_due() == []
         await tm.advance(by=timedelta(seconds=1))  # RetryLater(5 minutes), the default
         assert [r.outcome for r in await tm.run_due()] == ["succeeded"]
+
+
+async def test_time_machine_revives_a_crashed_instances_execution(
+    any_database: Database,
+) -> None:
+    job = Invoice()
+    async with TimeMachine(
+        [job], any_database.url, start=START, dialect=any_database.override
+    ) as tm:
+        await tm.schedule("invoice", "order-3")
+        store = tm.registry.store
+        assert await store.tasks.claim_now("invoice", "order-3", "crashed-peer") is not None
+        assert await tm.run_due() == []  # picked elsewhere, heartbeat fresh
+        dead_after = tm.registry.config.dead_after
+        await tm.advance(by=dead_after - timedelta(seconds=1))
+        assert await tm.run_due() == []
+        await tm.advance(by=timedelta(seconds=2))
+        assert [(r.task_instance, r.outcome) for r in await tm.run_due()] == [
+            ("order-3", "succeeded")
+        ]
+        assert [ctx.picked_by for ctx in job.seen] == ["time-machine"]
+
+
+async def test_time_machine_runs_ctx_transaction_at_its_time(any_database: Database) -> None:
+    async with TimeMachine(
+        [Report()], any_database.url, start=START, dialect=any_database.override
+    ) as tm:
+        async with tm.engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE reports (slot VARCHAR(40) PRIMARY KEY)"))
+        await tm.advance(to=SLOT)
+        assert [r.outcome for r in await tm.run_due()] == ["succeeded"]
+        assert await _reports(tm.engine) == [SLOT.isoformat()]
+        history = await tm.client.history("report")
+        assert [(h.execution_time, h.outcome) for h in history] == [(SLOT, "succeeded")]
 
 
 async def test_time_machine_refuses_going_back_and_naive_times(database_url: str) -> None:

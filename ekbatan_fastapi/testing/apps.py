@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..domain.errors import ConfigurationError
 from ..domain.job import Job
 
 if TYPE_CHECKING:
@@ -57,4 +58,12 @@ async def build_jobs(
         chosen = lifespan if lifespan is not None else _lifespan_of(app)
     async with contextlib.AsyncExitStack() as stack:
         built = await chosen.build_jobs(app, stack, settings)
-        yield {job.name(): job for job in built}
+        by_name: dict[str, Job] = {}
+        for job in built:
+            if job.name() in by_name:
+                raise ConfigurationError(
+                    f"two jobs are named {job.name()!r} ({type(by_name[job.name()]).__name__} "
+                    f"and {type(job).__name__}); job names are cluster-wide unique task names"
+                )
+            by_name[job.name()] = job
+        yield by_name

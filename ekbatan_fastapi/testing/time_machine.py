@@ -224,10 +224,14 @@ class TimeMachine:
     async def run_due(self) -> list[Ran]:
         """Run everything due at the machine's time, as the scheduler would, until nothing is
         due (a slot ``CatchUp.all`` still owes, a retry due at once): the executions that
-        ran, oldest slot first. A job's exception does not propagate: see ``Ran.error``."""
+        ran, oldest slot first. A job's exception does not propagate: see ``Ran.error``.
+
+        First, as the housekeeper would have by now, executions whose heartbeats stopped
+        longer than the dead window ago (a crashed instance's) are revived, and run below."""
         if not self._open:
             raise ConfigurationError("run_due() needs an open TimeMachine: `async with` it")
         scheduler = self.registry.scheduler
+        await scheduler.housekeeper.revive_dead()
         ran: list[Ran] = []
         for _ in range(self._max_rounds):
             limit = min(scheduler.executions.claim_limit(), CLAIM_CHUNK)
