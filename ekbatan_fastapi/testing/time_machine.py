@@ -157,7 +157,7 @@ class TimeMachine:
         self._open = True
         try:
             if self._create_tables:
-                await create_schema(self.engine, self.registry.store.tables.tasks.name)
+                await create_schema(self.engine, self.registry.store.tables.table_name)
             await self._db_clock.install(self.now)
             scheduler = self.registry.scheduler
             scheduler.state.started_at = self.now
@@ -262,6 +262,11 @@ class TimeMachine:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         while left := [e for e in launched if running.by_key.get(e.row.key) is e]:
+            for task in self._loops:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise RuntimeError(f"run_due(): {task.get_name()} crashed") from (
+                        task.exception()
+                    )
             if loop.time() > deadline:
                 raise TimeoutError(
                     f"run_due(): still running or unrecorded after {self._timeout:g}s: "
