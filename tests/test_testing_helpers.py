@@ -142,6 +142,12 @@ async def test_run_job_without_database_says_transaction_needs_one() -> None:
     assert "nightly/recurring" in str(error.value)
 
 
+async def test_run_job_backfilled_slot_keeps_the_recurring_key() -> None:
+    ctx = await run_job(Nightly(), execution_time=SLOT, is_backfill=True)
+    assert ctx.is_backfill and ctx.task_instance.startswith("backfill:")
+    assert ctx.idempotency_key == ("nightly", "recurring", SLOT)
+
+
 async def test_run_job_refuses_a_naive_slot() -> None:
     with pytest.raises(ConfigurationError, match="aware datetime"):
         await run_job(Nightly(), execution_time=datetime(2026, 3, 11, 2, 0))
