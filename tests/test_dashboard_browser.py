@@ -1,7 +1,7 @@
 """The dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright).
 
 A test app is served by uvicorn on 127.0.0.1 (a free port) against the test database. The
-browser loads ``/jobs/ui``, finds the failing task with its error message, opens its history,
+browser loads ``/jobs/-/ui``, finds the failing task with its error message, opens its history,
 pauses a task with the button and sees it paused after a reload; at phone width the page does
 not scroll sideways. No request may leave 127.0.0.1 and the console must stay free of errors
 (a Content-Security-Policy violation would show there).
@@ -158,7 +158,7 @@ async def test_dashboard_in_chromium(
             page = await context.new_page()
             page.set_default_timeout(WAIT_MS)
             watch = Watch(page)
-            await page.goto(f"{base}/jobs/ui?refresh=0")  # no reload between the clicks
+            await page.goto(f"{base}/jobs/-/ui?refresh=0")  # no reload between the clicks
 
             failing = page.locator('tr.task[data-name="nightly-export"]')
             await playwright_api.expect(failing.locator(".badge")).to_have_text("failing")
@@ -200,7 +200,7 @@ async def test_dashboard_in_chromium(
             small = await phone.new_page()
             small.set_default_timeout(WAIT_MS)
             small_watch = Watch(small)
-            await small.goto(f"{base}/jobs/ui?refresh=1")
+            await small.goto(f"{base}/jobs/-/ui?refresh=1")
             async with small.expect_navigation(timeout=WAIT_MS):
                 pass  # it reloads itself
             await playwright_api.expect(
