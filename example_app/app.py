@@ -83,8 +83,8 @@ def _same(given: str, expected: str) -> bool:
 
 def require_admin(
     settings: Annotated[ExampleSettings, Depends(get_example_settings)],
-    credentials: Annotated[HTTPBasicCredentials | None, Depends(basic_auth)],
     x_admin_token: Annotated[str | None, Depends(token_header)],
+    credentials: Annotated[HTTPBasicCredentials | None, Depends(basic_auth)],
 ) -> str:
     """The authorization dependency that mounts and guards the admin routes: the
     ``X-Admin-Token`` header (scripts), or HTTP basic auth with the token as password (the

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ekbatan_fastapi import Schedules
 from ekbatan_fastapi.domain.text import NAME_PATTERN, is_valid_name
 from ekbatan_fastapi.web import create_jobs_router
+from ekbatan_fastapi.web.route_params import PATH_NAME_PATTERN
 
 from .fastapi_helpers import SLOT_ENV
 from .helpers import RecordingJob
@@ -51,7 +52,7 @@ def validation_errors(response: httpx.Response) -> list[dict[str, Any]]:
 
 
 def test_the_name_pattern_is_the_name_rule() -> None:
-    pattern = re.compile(NAME_PATTERN)
+    pattern, in_path = re.compile(NAME_PATTERN), re.compile(PATH_NAME_PATTERN)
     samples = ["a", " a ", "ui", "-", "a/b", "\x00", "a\x00", "é", "日本", "😀", "a\n"]
     for code in range(0x3100):  # every whitespace character is below U+3100
         if not 0xD800 <= code < 0xE000:
@@ -59,6 +60,9 @@ def test_the_name_pattern_is_the_name_rule() -> None:
             samples += [char, f" {char}", f"{char}\n", char * 3]
     for sample in samples:
         assert bool(pattern.search(sample)) == is_valid_name(sample), repr(sample)
+        # In the path, "/" would be read as a separator ("%2F" is decoded before routing).
+        valid_in_path = is_valid_name(sample) and "/" not in sample
+        assert bool(in_path.search(sample)) == valid_in_path, repr(sample)
 
 
 async def test_a_job_named_ui_is_read_as_a_job_and_the_dashboard_moved(
@@ -118,7 +122,7 @@ async def test_the_schema_states_the_name_limits_and_the_admin_refusals(
     paths = schema["paths"]
     assert "/jobs/ui" not in paths and "/jobs/-/ui" not in paths  # the page is not JSON API
     name = next(p for p in paths["/jobs/{name}"]["get"]["parameters"] if p["name"] == "name")
-    limits = {"pattern": NAME_PATTERN, "minLength": 1, "maxLength": 100}
+    limits = {"pattern": PATH_NAME_PATTERN, "minLength": 1, "maxLength": 100}
     assert name["schema"] == name["schema"] | limits
     run = paths["/jobs/{name}/run"]["post"]
     instance = next(p for p in run["parameters"] if p["name"] == "instance")

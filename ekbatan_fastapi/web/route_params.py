@@ -17,6 +17,7 @@ from .state import EkbatanState
 __all__ = [
     "ADMIN_CHECK_PATH",
     "DASHBOARD_PATH",
+    "PATH_NAME_PATTERN",
     "BeforeId",
     "HistoryLimit",
     "Instance",
@@ -35,13 +36,17 @@ ADMIN_CHECK_PATH = DASHBOARD_PATH + "/admin"
 dashboard asks it, in-process, whether to show its action buttons."""
 
 _NAME_RULE = "1 to 100 characters, not blank, no NUL"
+PATH_NAME_PATTERN = NAME_PATTERN.replace(r"[^\u0000", r"[^\u0000/")
+"""A name in the path has no ``/`` as well: the router decodes ``%2F`` before matching, so
+``/jobs/a%2Fhistory`` is the history of ``a`` (a task whose name holds ``/`` is read with the
+client or the CLI)."""
 Name = Annotated[
     str,
     Path(
-        description=f"the task_name (job name): {_NAME_RULE}",
+        description=f"the task_name (job name): {_NAME_RULE}, no '/'",
         min_length=1,
         max_length=MAX_NAME_LENGTH,
-        pattern=NAME_PATTERN,
+        pattern=PATH_NAME_PATTERN,
     ),
 ]
 State = Annotated[EkbatanState, Depends(get_ekbatan)]
