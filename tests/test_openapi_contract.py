@@ -181,6 +181,8 @@ async def test_schemathesis_finds_no_contract_failure_in_the_example_app(
                 ({"x-admin-token": "no"}, 401),
             ]:
                 assert (await http.post(resume, headers=headers)).status_code == status
+            signed_in = await http.post(resume, auth=("alice", TOKEN))  # the dashboard's way
+            assert signed_in.status_code == 200, signed_in.text
         result = await asyncio.to_thread(schemathesis_run, node.base_url, tmp_path)
     finally:
         code = await node.stop()
