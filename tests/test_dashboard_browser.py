@@ -2,7 +2,7 @@
 protocol by ``tests/cdp.py``).
 
 A test app is served by uvicorn on 127.0.0.1 (a free port) against the test database. The
-browser loads ``/jobs/ui``, finds the failing task with its error message, opens its history,
+browser loads ``/jobs/-/ui``, finds the failing task with its error message, opens its history,
 pauses a task with the button and sees it paused after a reload; at phone width the page does
 not scroll sideways. No request may leave 127.0.0.1 and the console must stay free of errors
 (a Content-Security-Policy violation would show there).
@@ -158,7 +158,7 @@ async def test_dashboard_in_chromium(
             page = await browser.new_page(1280, 900)
             page.timeout = WAIT
             await page.set_cookie("admin", "ops-alice", base)
-            await page.goto(f"{base}/jobs/ui?refresh=0")  # no reload between the clicks
+            await page.goto(f"{base}/jobs/-/ui?refresh=0")  # no reload between the clicks
 
             failing = 'tr.task[data-name="nightly-export"]'
             await expect_text(page, f"{failing} .badge", "failing")
@@ -192,7 +192,7 @@ async def test_dashboard_in_chromium(
             # Phone width: cards, no sideways scrolling.
             small = await browser.new_page(390, 844, scale=2, mobile=True)
             small.timeout = WAIT
-            await small.goto(f"{base}/jobs/ui?refresh=1")
+            await small.goto(f"{base}/jobs/-/ui?refresh=1")
             async with small.next_load():
                 pass  # it reloads itself
             await expect_visible(small, 'tr.task[data-name="nightly-export"] .error')
