@@ -247,18 +247,24 @@ def test_the_pooler_setting_is_checked() -> None:
 
 
 @pytest.mark.slow
-async def test_failover_with_a_frozen_primary_tries_the_next_host() -> None:
+@pytest.mark.parametrize(("connect", "statement"), [(1, 2), (3, 1)])
+async def test_failover_with_a_frozen_primary_tries_the_next_host(
+    connect: int, statement: int
+) -> None:
     """``?host=A&host=B&target_session_attrs=read-write`` with A frozen (SIGSTOP: TCP accepts,
     nothing answers) and B promoted: scheduling resumes on B. asyncpg spent ``timeout`` as one
     budget over every host, so A used all of it, B was never tried, and nothing ran until A
-    was killed."""
+    was killed. With a statement timeout shorter than the connect timeout (3, 1) every
+    reconnect ended on A, cut short by the statement's bound, until the host an attempt was
+    cut short on came to be tried last; and each idle connection of the pool to A spent a
+    statement timeout of its own until the pool was distrusted after the first."""
     async with _pair_with_database() as pair:
-        url = pair.url("app") + "&timeout=1"
+        url = pair.url("app") + f"&timeout={connect}"
         factory = RegistryFactory(url)
         tick = RecordingJob("tick", Schedules.fixed_rate(timedelta(milliseconds=200)))
         try:
             registry = await factory.start(
-                tick, customize=lambda b: b.statement_timeout(timedelta(seconds=2))
+                tick, customize=lambda b: b.statement_timeout(timedelta(seconds=statement))
             )
             await wait_until(lambda: len(tick.slots) >= 3, what="slots on the primary")
             await asyncio.to_thread(pair.freeze)

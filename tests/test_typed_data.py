@@ -199,7 +199,7 @@ async def test_a_row_whose_data_no_longer_fits_is_parked_once_and_shown_on_jobs(
         assert "invoice_id: Field required" in record["error_message"]
         assert "reschedule" in record["error_message"]
 
-        page = (await http.get("/jobs/ui")).text  # the dashboard: badge, and why
+        page = (await http.get("/jobs/-/ui")).text  # the dashboard: badge, and why
         assert 'badge st-parked">parked' in page and "does not fit InvoiceData" in page
 
         # The fix: new data (checked against the model) and due now; or the row is dropped.

@@ -169,7 +169,7 @@ class ExecutionContext(Generic[D]):
         if self.transactions is None:
             raise ConfigurationError(
                 "ctx.transaction() needs the jobs database, and this context has none: run "
-                "the job through the scheduler, or give ekbatan_fastapi.testing.run_job a "
-                "database"
+                "the job through the scheduler, or pass database=<URL or AsyncEngine> to "
+                "ekbatan_fastapi.testing.run_job"
             )
         return self.transactions(target)
