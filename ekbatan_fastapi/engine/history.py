@@ -39,8 +39,11 @@ _MAX_BUFFER = 50_000
 _INSTANCE_RETENTION = timedelta(days=1)
 PRUNE_BATCH = 5000
 """History records one retention batch deletes (at most, ties at its edge aside)."""
-PRUNE_PAUSE = 0.05
+PRUNE_PAUSE = 0.1
 """Seconds, at least, between two retention batches."""
+PRUNE_PAUSE_FACTOR = 3.0
+"""The pause after a batch is this many times the batch's time (at least ``PRUNE_PAUSE``):
+retention keeps at most a quarter of one connection busy."""
 PRUNE_SLOW_BATCH = 0.25
 """A retention batch slower than this (seconds) halves the next one."""
 _PRUNE_MIN_BATCH = 100
@@ -235,9 +238,9 @@ class HistoryRecorder:
         on_batch: Callable[[int, float], None] | None = None,
     ) -> int:
         """Delete the records older than the retention in batches, oldest first: each batch
-        is two short statements in transactions of their own, followed by a pause as long as
-        the batch took (at least ``PRUNE_PAUSE``), so retention keeps at most about half of one
-        connection busy and never holds a lock for long. A batch slower than
+        is two short statements in transactions of their own, followed by a pause of three
+        times what the batch took (at least ``PRUNE_PAUSE``), so retention keeps at most a
+        quarter of one connection busy and never holds a lock for long. A batch slower than
         ``PRUNE_SLOW_BATCH`` seconds halves the next one (a loaded server); fast ones grow it
         back. ``on_batch(deleted, seconds)``: each batch's size and time (benchmarks)."""
         cutoff = await self.ops.history_cutoff(self.retention)
@@ -256,4 +259,4 @@ class HistoryRecorder:
                 size = max(_PRUNE_MIN_BATCH, size // 2)
             elif took < PRUNE_SLOW_BATCH / 4:
                 size = min(batch_size, size * 2)
-            await asyncio.sleep(max(PRUNE_PAUSE, took))
+            await asyncio.sleep(max(PRUNE_PAUSE, PRUNE_PAUSE_FACTOR * took))
