@@ -19,12 +19,16 @@ beyond the 7-day retention), then, in one run:
     .venv/bin/python bench/history_growth.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
     .venv/bin/python bench/history_growth.py --url mysql+asyncmy://root@127.0.0.1:3306/test \
         --rows 1000000
+
+The chart: ``bench/charts.py RESULTS.json docs/benchmarks/`` (with matplotlib) draws
+``history-growth-<dialect>.png`` from ``--json``'s file.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import json
@@ -221,34 +225,43 @@ class _LockWaits:
     def __init__(self, url: str) -> None:
         self.engine = create_async_engine(url, poolclass=NullPool)
         self.sql = (
-            "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+            "SELECT trx_query FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
             if _is_mysql(url)
-            else "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            else "SELECT query FROM pg_stat_activity WHERE datname = current_database()"
             " AND wait_event_type = 'Lock'"
         )
         self.phase = "alone"
         self.samples: dict[str, list[int]] = {}
+        self.waiting: dict[str, collections.Counter[str]] = {}
+        """Per phase: the waiting statements' first words, how often seen."""
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         async with self.engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             while True:
-                waiting = int((await conn.execute(text(self.sql))).scalar_one())
-                self.samples.setdefault(self.phase, []).append(waiting)
+                waiting = [str(q) for q in (await conn.execute(text(self.sql))).scalars()]
+                self.samples.setdefault(self.phase, []).append(len(waiting))
+                seen = self.waiting.setdefault(self.phase, collections.Counter())
+                seen.update(" ".join(q.split())[:70] for q in waiting)
                 await asyncio.sleep(0.05)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
-    async def stop(self) -> dict[str, dict[str, int]]:
+    async def stop(self) -> dict[str, dict[str, Any]]:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.engine.dispose()
         return {
-            phase: {"samples": len(v), "with_waits": sum(1 for n in v if n), "max": max(v)}
+            phase: {
+                "samples": len(v),
+                "with_waits": sum(1 for n in v if n),
+                "max": max(v),
+                "statements": dict(self.waiting.get(phase, collections.Counter()).most_common(3)),
+            }
             for phase, v in self.samples.items()
         }
 
@@ -538,46 +551,14 @@ def table(result: dict[str, Any]) -> str:
         lines += ["", f"median rate during retention / without (before and after): {d / a:.2f}x"]
     lines += [
         "",
-        "| phase | lock-wait samples (every 50 ms) | with a session waiting | max waiting |",
+        "| phase | samples (every 50 ms) | with a session waiting for a lock | max waiting |"
+        " which statements waited |",
+        "| --- | ---: | ---: | ---: | --- |",
     ]
-    lines += ["| --- | ---: | ---: | ---: |"]
     for phase, w in result["lock_waits"].items():
-        lines.append(f"| {phase} | {w['samples']} | {w['with_waits']} | {w['max']} |")
+        which = "; ".join(f"`{q}...` x{n}" for q, n in w["statements"].items()) or "-"
+        lines.append(f"| {phase} | {w['samples']} | {w['with_waits']} | {w['max']} | {which} |")
     return "\n".join(lines)
-
-
-def chart(result: dict[str, Any], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    colors = {"alone": "#1f77b4", "during retention": "#d62728", "after": "#2ca02c"}
-    rounds = result["rounds"]
-    left.bar(
-        range(len(rounds)),
-        [r["rate"] for r in rounds],
-        color=[colors.get(r["phase"], "#7f7f7f") for r in rounds],
-    )
-    left.set_xticks(range(len(rounds)), [r["phase"].replace(" ", "\n") for r in rounds], fontsize=6)
-    left.set_ylabel("executions/s (drain of due rows)")
-    left.set_title("Claim/complete rate, alone and during retention")
-    ret = result["retention"]
-    kinds = ["edge read", "range delete", "batch"]
-    xs = range(len(kinds))
-    right.bar([x - 0.2 for x in xs], [ret[k]["p99_ms"] or 0 for k in kinds], 0.4, label="p99")
-    right.bar([x + 0.2 for x in xs], [ret[k]["max_ms"] or 0 for k in kinds], 0.4, label="max")
-    right.axhline(1000, color="#d62728", linestyle="--", label="1 s bound")
-    right.set_xticks(list(xs), kinds)
-    right.set_yscale("log")
-    right.set_ylabel("ms")
-    right.set_title(f"Retention statements ({result['rows']:,} rows)")
-    right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -590,8 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="drain rounds before and after retention")
     p.add_argument("--batch-size", type=int, default=5000)
     p.add_argument("--database", help="the database to create (default: a random name)")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--chart", type=Path)
+    p.add_argument("--json", type=Path, help="the results (bench/charts.py draws them)")
     args = p.parse_args(argv)
     if not 0 < args.expired < 1:
         p.error(f"--expired must be between 0 and 1 (a part of the rows), got {args.expired}")
@@ -611,8 +591,6 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
-    if args.chart:
-        print(f"chart: {chart(result, args.chart)}")
     return 0
 
 
