@@ -462,6 +462,7 @@ async def measure(
     rounds: int,
     batch_size: int = 5000,
     database: str | None = None,
+    settle: float = 0.0,
 ) -> dict[str, Any]:
     info = describe_environment()
     info["load_before"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -475,6 +476,7 @@ async def measure(
         finally:
             await engine.dispose()
         print(f"filled {rows:,} rows in {filled['fill_s']:.0f} s", flush=True)
+        await asyncio.sleep(settle)  # InnoDB flushes and purges after the fill for a while
         job = _Noop()
         registry = (
             job_registry()
@@ -571,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="drain rounds before and after retention")
     p.add_argument("--batch-size", type=int, default=5000)
     p.add_argument("--database", help="the database to create (default: a random name)")
+    p.add_argument("--settle", type=float, default=0.0, help="seconds to wait after the fill")
     p.add_argument("--json", type=Path, help="the results (bench/charts.py draws them)")
     args = p.parse_args(argv)
     if not 0 < args.expired < 1:
@@ -585,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
             batch_size=args.batch_size,
             database=args.database,
+            settle=args.settle,
         )
     )
     print(json.dumps(result["info"]))
