@@ -249,3 +249,15 @@ async def test_history_page_reads_the_task_index_on_mysql(
             plan = (await conn.execute(text(f"EXPLAIN {sql}"))).mappings().all()
         assert [row["key"] for row in plan] == ["ekbatan_history_task_idx"], (name, before, plan)
         assert len(await ops.history(name, before_id=before)) == (20 if name == "rare" else 50)
+
+
+async def test_a_batch_size_below_one_is_refused_naming_it() -> None:
+    recorder = HistoryRecorder(
+        None,  # type: ignore[arg-type]
+        "me",
+        history=True,
+        retention=timedelta(days=7),
+        on_db_error=lambda e, w: None,
+    )
+    with pytest.raises(ValueError, match="batch_size must be a positive number of records, got 0"):
+        await recorder.prune(batch_size=0)

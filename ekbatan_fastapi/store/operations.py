@@ -185,17 +185,6 @@ class OperationsStore:
         deleted = await self.db.rowcount(delete(h).where(*bounds))
         return deleted, edge
 
-    async def prune_history(self, older_than: timedelta, *, batch_size: int = 5000) -> int:
-        """Delete every record older than ``older_than`` in batches of about ``batch_size``,
-        back to back (the scheduler's retention paces them: ``HistoryRecorder.prune``)."""
-        cutoff = await self.history_cutoff(older_than)
-        total, after = 0, None
-        while True:
-            deleted, after = await self.prune_history_batch(cutoff, after, batch_size)
-            total += deleted
-            if after is None:
-                return total
-
     # -- pause --------------------------------------------------------------------------
 
     async def pause(self, task_name: str, paused_by: str | None, reason: str | None) -> None:
