@@ -180,7 +180,9 @@ def history_growth_chart(results: dict[str, Any], out: Path) -> Path | None:
     pages.set_xlabel("history page p99, ms (goal 50 ms)")
     pages.set_title(f"/jobs/{{name}}/history at {results['rows']:,} records", fontsize=9)
     fig.tight_layout()
-    dialect = "mysql" if "maria" in results["info"].get("server", "").lower() else "postgresql"
+    server = results["info"].get("server", "").lower()
+    generic = any(r["plan"] == "generic" for r in results["pages"])  # PostgreSQL's alone
+    dialect = "mariadb" if "maria" in server else "postgresql" if generic else "mysql"
     path = out / f"history-growth-{dialect}.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
