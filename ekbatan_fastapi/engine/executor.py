@@ -5,7 +5,7 @@ the async ones and waits again, then abandons what is left."""
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextvars
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -17,6 +17,7 @@ from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.errors import ExecutionSuperseded, JobTimedOut
 from ..domain.job import RECURRING_INSTANCE, Job
 from ..domain.limits import JobLimits
+from ..domain.logs import bind_log_context, library_logger
 from ..domain.rows import Finish, FinishKind, TaskRow
 from ..domain.schedules import Schedule
 from .config import SchedulerConfig
@@ -29,7 +30,7 @@ from .timeouts import Abandoned, TimeoutRunner
 
 __all__ = ["Executor"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 
 class Executor:
@@ -134,6 +135,10 @@ class Executor:
         return True
 
     async def _run(self, execution: Execution) -> None:
+        row = execution.row  # every record logged while it runs names it (its own task)
+        bind_log_context(
+            task_name=row.task_name, task_instance=row.task_instance, scheduler=self.name
+        )
         began = self.config.clock.monotonic()
         try:
             error, cancelled = await self._call_job(execution)
@@ -233,8 +238,9 @@ class Executor:
         """A plain ``def`` job in a worker thread; its timeout is cooperative."""
         disarm = self._timer.arm(execution, timeout) if timeout is not None else None
         try:
+            call = contextvars.copy_context().run  # the thread logs with the row's fields
             await asyncio.get_running_loop().run_in_executor(
-                self._thread_pool(), execution.job.execute, ctx
+                self._thread_pool(), call, execution.job.execute, ctx
             )
             error: BaseException | None = None
         except Exception as exc:

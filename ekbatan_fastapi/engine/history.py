@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import socket
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from ..domain.logs import library_logger
 from ..domain.records import ExecutionRecord
 from ..domain.rows import Finish
 from ..domain.version import VERSION
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HistoryRecorder"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 _MAX_BATCH = 1000
 _LINGER = 0.1

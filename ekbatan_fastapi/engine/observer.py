@@ -11,13 +11,13 @@ An exception raised by a hook is logged and swallowed; it never breaks the sched
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from ..domain.logs import library_logger
 from ..domain.records import Outcome, outcome_of
 from ..domain.rows import FinishKind
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ExecutionFinished", "ObserverDispatch", "SchedulerObserver", "finished_event"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,13 +7,13 @@ without changing anything (``ekbatan-jobs plan``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ..domain.errors import SchemaMissingError
 from ..domain.job import RECURRING_INSTANCE, Job
+from ..domain.logs import library_logger
 from ..domain.records import JobDefinition
 from ..domain.rollout import Decision
 from ..domain.rows import NewTask, TaskKey, TaskRow
@@ -30,7 +30,7 @@ from .running import RunState
 
 __all__ = ["PlannedChange", "Startup"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 RESCHEDULE_GUARD = timedelta(seconds=10)
 """A row due within this long is not moved by a changed schedule (it is about to run)."""

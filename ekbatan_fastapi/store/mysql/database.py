@@ -13,7 +13,6 @@ and parameters are sent as naive UTC, so neither the session nor the server time
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -24,13 +23,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import ColumnElement, Executable
 
+from ...domain.logs import library_logger
 from ..database import Database, Diagnosis, error_words, is_autocommit
 from ..tables import UTCDateTime
 from . import statements as q
 
 __all__ = ["ER_DUP_ENTRY", "ER_LOCK_WAIT_TIMEOUT", "MySQLDatabase", "errno", "naive_utc"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 T = TypeVar("T")
 
