@@ -19,6 +19,7 @@ from .domain.context import ExecutionContext, HeartbeatState
 from .domain.errors import (
     ConfigurationError,
     DatabaseTimeout,
+    DatabaseUnavailable,
     EkbatanError,
     ExecutionSuperseded,
     JobTimedOut,
@@ -106,6 +107,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "ConfigurationError",
     "ConnectionProvider",
     "DatabaseTimeout",
+    "DatabaseUnavailable",
     "DistributedJob",
     "EkbatanError",
     "ExecutionContext",

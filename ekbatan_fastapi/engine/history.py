@@ -78,7 +78,8 @@ class HistoryRecorder:
             log.warning(
                 "scheduler %s: the operations tables (%s) are missing, so execution history, "
                 "pause/resume and the live-instance list are off; run `ekbatan-jobs migrate` "
-                "(it applies %s/V0002__ekbatan_operations.sql) or call create_schema(engine)",
+                "(it applies ekbatan_fastapi/migrations/%s/V0002__ekbatan_operations.sql, "
+                "installed with the package) or call create_schema(engine)",
                 self.name,
                 ", ".join(t.name for t in self.ops.tables.operations),
                 self.ops.db.migrations_folder,

@@ -208,6 +208,11 @@ async def build_report(
     and judge the cluster's health. Missing operations tables only add a warning."""
     problems: list[str] = []
     warnings: list[str] = []
+    if not state.jobs:
+        warnings.append(
+            "no job is registered on this instance: it runs nothing (ekbatan.jobs.modules, "
+            "EKBATAN_JOBS__MODULES, names the modules of your @distributed_job classes)"
+        )
     now: datetime | None = None
     tasks: list[TaskView] = []
     pauses: dict[str, PauseInfo] = {}

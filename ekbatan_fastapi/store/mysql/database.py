@@ -105,7 +105,7 @@ class MySQLDatabase(Database):
                 "read-only", True, f"the database is read-only (a replica, or fenced): {words}"
             )
         if code in _LOST:
-            return Diagnosis("unreachable", False, f"database unreachable: {words}")
+            return Diagnosis("unreachable", False, f"database unreachable at {self.where}: {words}")
         if code == ER_LOCK_WAIT_TIMEOUT:
             return Diagnosis(
                 "lock-wait",
