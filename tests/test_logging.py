@@ -43,10 +43,13 @@ TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
 
 
 class Uvicorn:
-    """``python -m uvicorn tests.log_app:<app>``, its stdout and stderr in one file."""
+    """``python -m uvicorn tests.log_app:<app>`` (or another server), its stdout and stderr
+    in one file."""
 
-    def __init__(self, tmp_path: Path, app: str, url: str, **settings: str) -> None:
-        self.log_path = tmp_path / f"uvicorn-{app}.log"
+    def __init__(
+        self, tmp_path: Path, app: str, url: str, server: str = "uvicorn", **settings: str
+    ) -> None:
+        self.log_path = tmp_path / f"{server}-{app}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("EKBATAN_")}
         env.update(
             {
@@ -59,10 +62,15 @@ class Uvicorn:
                 **settings,
             }
         )
-        command = [sys.executable, "-m", "uvicorn", f"tests.log_app:{app}"]
+        port = str(free_port())
+        command = [sys.executable, "-m", "uvicorn", f"tests.log_app:{app}", "--port", port]
+        if server == "gunicorn":
+            worker = "uvicorn.workers.UvicornWorker"
+            command = [sys.executable, "-m", "gunicorn", f"tests.log_app:{app}", "-k", worker]
+            command += ["-w", "1", "-b", f"127.0.0.1:{port}", "--no-control-socket"]
         with self.log_path.open("wb") as out:
             self.process = subprocess.Popen(
-                [*command, "--port", str(free_port())],
+                command,
                 cwd=REPO,
                 env=env,
                 stdout=out,
@@ -127,6 +135,27 @@ async def test_under_uvicorn_the_library_logs_in_uvicorns_format_with_time_and_l
     assert re.search(
         rf"^INFO: +{TIME} ekbatan_fastapi\.engine\.scheduler: scheduler \S+ stopped", out, re.M
     ), out
+
+
+@pytest.mark.slow
+async def test_under_gunicorn_with_uvicorn_workers_the_library_logs_in_gunicorns_format(
+    tmp_path: Path, database_url: str, engine: AsyncEngine
+) -> None:
+    server = Uvicorn(tmp_path, "app", database_url, server="gunicorn")
+    try:
+        await server.wait_for(r"Application startup complete")
+        await server.wait_for(
+            r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}\] \[\d+\] \[ERROR\] "
+            r"ekbatan_fastapi\.engine\.executor: greet/recurring \(slot \S+\) failed\n"
+            r"Traceback[\s\S]*?RuntimeError: greeting failed$"
+        )
+    finally:
+        await server.stop()
+    assert re.search(
+        r"^\[[^]]+\] \[\d+\] \[INFO\] ekbatan_fastapi\.web\.lifespan: ekbatan: starting 1 jobs",
+        server.output(),
+        re.M,
+    ), server.output()
 
 
 @pytest.mark.slow
