@@ -29,8 +29,9 @@ from ekbatan_fastapi import (
 from ekbatan_fastapi.web import create_jobs_router
 
 from .conftest import Database
+from .fastapi_helpers import running
 from .helpers import RecordingJob, RegistryFactory, wait_until
-from .test_jobs_routes import require_token, serving
+from .test_jobs_routes import make_app, require_token, serving
 
 ADMIN = {"x-admin-token": "let-me-in"}
 
@@ -158,6 +159,18 @@ async def test_a_database_that_never_answers_raises_database_unavailable_in_time
         assert loop.time() - began < 10
     assert isinstance(error, DatabaseTimeout)  # a DatabaseUnavailable
     assert f"127.0.0.1:{port}" in str(error), error
+
+
+async def test_routes_name_the_host_they_cannot_reach(database_url: str) -> None:
+    router = create_jobs_router(admin_dependency=require_token)
+    bad = "postgresql+asyncpg://app:s3cret-pw@nohost.invalid:5432/app"
+    async with running(make_app(database_url, Greet(), router=router, url=bad)) as client:
+        listing = await client.get("/jobs")
+        run = await client.post("/jobs/greet/run?instance=a", headers=ADMIN)
+    assert listing.status_code == 503 and run.status_code == 503
+    assert "database unreachable at postgresql://nohost.invalid:5432/app" in run.json()["detail"]
+    assert any("nohost.invalid:5432" in p for p in listing.json()["problems"])
+    assert "s3cret-pw" not in listing.text + run.text
 
 
 # -- the admin routes' hints -------------------------------------------------------------
