@@ -14,7 +14,7 @@ from .client import SchedulerClient
 from .client.backfill import BackfillResult
 from .domain.catchup import CatchUp
 from .domain.clock import Clock, OffsetClock, SystemClock
-from .domain.codec import TaskDataError
+from .domain.codec import TaskDataError, TaskDataInvalid
 from .domain.context import ExecutionContext, HeartbeatState
 from .domain.errors import (
     ConfigurationError,
@@ -147,6 +147,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "SystemClock",
     "TaskLogFilter",
     "TaskDataError",
+    "TaskDataInvalid",
     "TaskNotFoundError",
     "TaskPausedError",
     "TaskPickedError",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from types import TracebackType
@@ -377,13 +376,7 @@ class JobRegistry:
         finally:
             # Closing a connection politely waits for the server's answer: bounded, so that a
             # database that went silent cannot hold up the exit.
-            bound = self.config.shutdown_results_wait.total_seconds()
-            try:
-                await asyncio.wait_for(self.connection.dispose(), timeout=bound)
-            except TimeoutError:
-                log.warning(
-                    "the jobs pool did not close within %.1fs (shutdown_results_wait)", bound
-                )
+            await self.connection.dispose(self.config.shutdown_results_wait.total_seconds())
 
     async def wait_until_ready(self, timeout: float | None = None) -> bool:
         """Wait until the scheduler has reached the database and created its rows."""

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
-from fastapi.security import HTTPBasic, HTTPBasicCredentials
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.security import APIKeyHeader, HTTPBasic, HTTPBasicCredentials
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ekbatan_fastapi import create_schema
+from ekbatan_fastapi import ConnectionProvider, create_schema
 from ekbatan_fastapi.settings import EkbatanSettings
 from ekbatan_fastapi.web import (
     EkbatanState,
@@ -58,20 +58,29 @@ async def prepare_database(engine: AsyncEngine, *, jobs: bool) -> None:
 async def app_resources(app: FastAPI) -> AsyncIterator[Mapping[str, Any]]:
     """The application's own lifespan: opens before the jobs start, closes after they stop."""
     settings = EkbatanSettings()
-    jobs_engine = create_async_engine(settings.jobs_datasource().sqlalchemy_url(), pool_size=1)
+    # Built as the library builds its own pool, so that the app's engine works where the
+    # jobs' does: behind PgBouncer's transaction pooling (EKBATAN_JOBS__POOLER), a multi-host
+    # URL with a connect timeout per host, MySQL/MariaDB's session bounds.
+    pooler = settings.jobs.pooler
+    jobs_pool = ConnectionProvider.from_url(
+        settings.jobs_datasource().sqlalchemy_url(), pool_size=1, pooler=pooler
+    )
     try:
-        await prepare_database(jobs_engine, jobs=True)
+        await prepare_database(jobs_pool.engine, jobs=True)
     finally:
-        await jobs_engine.dispose()
-    engine = create_async_engine(app_database_url(settings), pool_size=2, max_overflow=0)
-    await prepare_database(engine, jobs=False)
+        await jobs_pool.dispose()
+    pool = ConnectionProvider.from_url(app_database_url(settings), pool_size=2, pooler=pooler)
+    await prepare_database(pool.engine, jobs=False)
     try:
-        yield {"db": engine}
+        yield {"db": pool.engine}
     finally:
-        await engine.dispose()
+        await pool.dispose()
 
 
 basic_auth = HTTPBasic(auto_error=False, realm="ekbatan-fastapi example")
+# Declared as a security scheme (not a plain header), so the OpenAPI schema says that either
+# one authorizes an admin route.
+token_header = APIKeyHeader(name="X-Admin-Token", auto_error=False)
 
 
 def _same(given: str, expected: str) -> bool:
@@ -80,8 +89,8 @@ def _same(given: str, expected: str) -> bool:
 
 def require_admin(
     settings: Annotated[ExampleSettings, Depends(get_example_settings)],
+    x_admin_token: Annotated[str | None, Depends(token_header)],
     credentials: Annotated[HTTPBasicCredentials | None, Depends(basic_auth)],
-    x_admin_token: Annotated[str | None, Header()] = None,
 ) -> str:
     """The authorization dependency that mounts and guards the admin routes: the
     ``X-Admin-Token`` header (scripts), or HTTP basic auth with the token as password (the
@@ -116,7 +125,7 @@ def create_app(*, scheduler_name: str | None = None) -> FastAPI:
             "instance": state.registry.status().name,
             "jobs": sorted(state.jobs),
             "links": {
-                "dashboard": "/jobs/ui",
+                "dashboard": "/jobs/-/ui",
                 "jobs": "/jobs",
                 "demo runs": "/demo/runs",
                 "API docs": "/docs",

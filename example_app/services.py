@@ -26,8 +26,9 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ekbatan_fastapi import ConnectionProvider
 from ekbatan_fastapi.settings import EkbatanSettings
 from ekbatan_fastapi.web import get_ekbatan_settings
 
@@ -138,11 +139,15 @@ async def get_ledger(
     settings: Annotated[EkbatanSettings, Depends(get_ekbatan_settings)],
 ) -> AsyncIterator[DemoLedger]:
     """A generator provider: its engine is disposed at shutdown, after the jobs stopped."""
-    engine = create_async_engine(app_database_url(settings), pool_size=2, max_overflow=0)
+    # Built as the library's own pool (PgBouncer's transaction pooling, a connect timeout per
+    # host, a bounded close), from the same settings.
+    pool = ConnectionProvider.from_url(
+        app_database_url(settings), pool_size=2, pooler=settings.jobs.pooler
+    )
     try:
-        yield DemoLedger(engine)
+        yield DemoLedger(pool.engine)
     finally:
-        await engine.dispose()
+        await pool.dispose()
 
 
 def get_report_service(ledger: Annotated[DemoLedger, Depends(get_ledger)]) -> ReportService:

@@ -230,6 +230,8 @@ async def test_database_from_environment_and_yaml_settings(
     slot = "EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG__URL"
     from_env = await cli("list", env={slot: database_url})
     assert from_env.code == 0 and "(none)" in from_env.stdout, from_env.stderr
+    from_alias = await cli("list", env={"EKBATAN_DATABASE_URL": database_url})
+    assert from_alias.code == 0 and "(none)" in from_alias.stdout, from_alias.stderr
     config = tmp_path / "app.yaml"
     config.write_text(
         "ekbatan:\n  sharding:\n    groups:\n      - members:\n          - configs:\n"

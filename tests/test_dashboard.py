@@ -1,4 +1,4 @@
-"""GET /jobs/ui, the dashboard page, read over HTTP (the browser test drives it in Chromium)."""
+"""GET /jobs/-/ui, the dashboard page, read over HTTP (the browser test drives it in Chromium)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ EVIL = "<script>alert('x')</script>\"&"
 
 
 async def page(client: httpx.AsyncClient, **headers: str) -> httpx.Response:
-    response = await client.get("/jobs/ui", headers=headers)
+    response = await client.get("/jobs/-/ui", headers=headers)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
     return response
@@ -78,11 +78,11 @@ async def test_dashboard_shows_tasks_errors_and_instances(
         assert actions(html) == set()
         assert "sign in" not in html
         assert 'data-refresh="5"' in html
-        assert 'data-refresh="0"' in (await client.get("/jobs/ui?refresh=0")).text
+        assert 'data-refresh="0"' in (await client.get("/jobs/-/ui?refresh=0")).text
 
 
 async def _has_message(client: httpx.AsyncClient) -> bool:
-    return "failed on purpose" in (await client.get("/jobs/ui")).text
+    return "failed on purpose" in (await client.get("/jobs/-/ui")).text
 
 
 async def test_buttons_only_when_the_dependency_accepts_the_request(
@@ -106,10 +106,10 @@ async def test_buttons_only_when_the_dependency_accepts_the_request(
         assert actions(paused) == {"resume", "resume-skip", "force"}
         assert "&lt;b&gt;why&lt;/b&gt;" in paused and "<b>why</b>" not in paused
         # The sign-in link answers with the dependency's refusal, or leads back to the page.
-        sign_in = await client.get("/jobs/ui?sign_in=1")
+        sign_in = await client.get("/jobs/-/ui?sign_in=1")
         assert sign_in.status_code == 403
         assert sign_in.json() == {"detail": "admin token required"}
-        signed_in = await client.get("/jobs/ui?sign_in=1", headers=ADMIN)
+        signed_in = await client.get("/jobs/-/ui?sign_in=1", headers=ADMIN)
         assert signed_in.status_code == 303 and signed_in.headers["location"] == "ui"
 
 
@@ -147,7 +147,7 @@ async def test_dashboard_judges_any_dependency_as_fastapi_does(
     ok = RecordingJob("ok-job", Schedules.fixed_delay(HOUR))
     router = create_jobs_router(admin_dependency=Depends(cookie_admin), prefix="/ops/jobs")
     async with serving(database_url, ok, router=router) as (client, _):
-        ui = "/ops/jobs/ui"
+        ui = "/ops/jobs/-/ui"
         no_cookie = await client.get(ui, headers={"x-required": "1"})
         assert actions(no_cookie.text) == set()
         client.cookies.set("session", "s3cret")

@@ -247,18 +247,24 @@ def test_the_pooler_setting_is_checked() -> None:
 
 
 @pytest.mark.slow
-async def test_failover_with_a_frozen_primary_tries_the_next_host() -> None:
+@pytest.mark.parametrize(("connect", "statement"), [(1, 2), (3, 1)])
+async def test_failover_with_a_frozen_primary_tries_the_next_host(
+    connect: int, statement: int
+) -> None:
     """``?host=A&host=B&target_session_attrs=read-write`` with A frozen (SIGSTOP: TCP accepts,
     nothing answers) and B promoted: scheduling resumes on B. asyncpg spent ``timeout`` as one
     budget over every host, so A used all of it, B was never tried, and nothing ran until A
-    was killed."""
+    was killed. With a statement timeout shorter than the connect timeout (3, 1) every
+    reconnect ended on A, cut short by the statement's bound, until the host an attempt was
+    cut short on came to be tried last; and each idle connection of the pool to A spent a
+    statement timeout of its own until the pool was distrusted after the first."""
     async with _pair_with_database() as pair:
-        url = pair.url("app") + "&timeout=1"
+        url = pair.url("app") + f"&timeout={connect}"
         factory = RegistryFactory(url)
         tick = RecordingJob("tick", Schedules.fixed_rate(timedelta(milliseconds=200)))
         try:
             registry = await factory.start(
-                tick, customize=lambda b: b.statement_timeout(timedelta(seconds=2))
+                tick, customize=lambda b: b.statement_timeout(timedelta(seconds=statement))
             )
             await wait_until(lambda: len(tick.slots) >= 3, what="slots on the primary")
             await asyncio.to_thread(pair.freeze)
@@ -479,3 +485,31 @@ async def test_status_shows_the_current_condition_and_the_last_error_with_its_ti
     assert status.last_error is not None and "the database is away" in status.last_error
     assert status.last_error_at is not None and status.condition_since is not None
     assert status.last_error_at <= status.condition_since
+
+
+async def test_a_pool_whose_server_went_silent_closes_within_its_bound(
+    any_database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``ConnectionProvider.dispose`` on a server that accepts and never answers (a frozen
+    primary): the polite close would wait forever; after its timeout the connections left are
+    closed at once (asyncpg waits for the server's answer to its Terminate; MySQL's COM_QUIT
+    expects none). A harness that disposed a client's pool hung CI here."""
+    from ekbatan_fastapi.store.connection import ConnectionProvider
+
+    proxy = Proxy(any_database_url)
+    await proxy.start()
+    provider = ConnectionProvider.from_url(proxy.url, pool_size=2)
+    try:
+        async with provider.engine.connect() as a, provider.engine.connect() as b:
+            for conn in (a, b):
+                await conn.execute(text("SELECT 1"))
+        await proxy.blackhole()
+        caplog.set_level(logging.WARNING, "ekbatan_fastapi.store")
+        began = time.monotonic()
+        await provider.dispose(timeout=0.5)
+        took = time.monotonic() - began
+        assert took < 3, f"the dispose took {took:.1f}s"
+        if provider.dialect == "postgresql":  # MySQL's COM_QUIT expects no answer
+            assert any("closed without waiting" in r.getMessage() for r in caplog.records)
+    finally:
+        await proxy.close()

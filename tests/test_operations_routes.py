@@ -160,7 +160,7 @@ async def test_missing_operations_tables_answer_503_with_the_fix(database_url: s
         ):
             assert response.status_code == 503
             assert "create_schema" in response.json()["detail"]
-        page = await client.get("/jobs/ui")
+        page = await client.get("/jobs/-/ui")
         assert page.status_code == 200
         assert "V0002__ekbatan_operations" in page.text
 

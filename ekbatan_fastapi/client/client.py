@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from ..domain.codec import encode_data
+from ..domain.codec import encode_task_data
 from ..domain.errors import (
     ConfigurationError,
     SchemaMissingError,
@@ -179,7 +179,7 @@ class SchedulerClient:
             job_name,
             instance_id,
             at,
-            encode_data(data, where=where),
+            encode_task_data(job.data_model, data, where=where),
             job.priority() if priority is None else priority,
         )
         if connection is not None:
@@ -217,10 +217,8 @@ class SchedulerClient:
                 due_now = True
             elif earliest is None or at < earliest:
                 earliest = at
-            where = f"{job_name}/{instance_id}"
-            tasks.append(
-                NewTask(job_name, instance_id, at, encode_data(data, where=where), job.priority())
-            )
+            encoded = encode_task_data(job.data_model, data, where=f"{job_name}/{instance_id}")
+            tasks.append(NewTask(job_name, instance_id, at, encoded, job.priority()))
         if not tasks:
             return 0
         when = None if due_now else earliest
@@ -250,7 +248,9 @@ class SchedulerClient:
         at = _aware(at, "at")
         where = f"{job_name}/{instance_id}"
         replace_data = data is not _UNSET
-        task_data = encode_data(data, where=where) if replace_data else None
+        job = self._jobs.get(job_name)
+        model = job.data_model if isinstance(job, OneTimeJob) else None
+        task_data = encode_task_data(model, data, where=where) if replace_data else None
         if connection is not None:
             caller = self._caller(connection)
             ok = await self._tasks.reschedule_on(

@@ -11,7 +11,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-__all__ = ["Clock", "OffsetClock", "SystemClock"]
+__all__ = ["Clock", "ManualClock", "OffsetClock", "SystemClock"]
 
 
 class Clock(Protocol):
@@ -43,3 +43,30 @@ class OffsetClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+
+class ManualClock:
+    """Wall-clock time that moves only when told (``ekbatan_fastapi.testing.TimeMachine``);
+    monotonic seconds stay the machine's, so timeouts and heartbeats measure real time."""
+
+    def __init__(self, start: datetime) -> None:
+        self._now = _aware_utc(start, "start")
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def set(self, when: datetime) -> None:
+        """Move to ``when`` (aware)."""
+        self._now = _aware_utc(when, "when")
+
+
+def _aware_utc(value: datetime, name: str) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise ValueError(
+            f"{name} must be an aware datetime, got {value!r}; e.g. "
+            "datetime(2026, 1, 1, 2, 0, tzinfo=UTC)"
+        )
+    return value.astimezone(UTC)

@@ -8,9 +8,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol
 
-from .codec import decode_data
+from typing_extensions import TypeVar
+
+from .codec import DataModel, decode_data
 from .errors import ConfigurationError
 from .rows import RECURRING_INSTANCE
 
@@ -22,6 +24,9 @@ class TransactionOpener(Protocol):
     (the engine's ``SlotTransaction``)."""
 
     def __call__(self, target: Any = None) -> AbstractAsyncContextManager[Any]: ...
+
+
+D = TypeVar("D", default=Any)
 
 
 def _never() -> bool:
@@ -79,8 +84,9 @@ class HeartbeatState:
 
 
 @dataclass
-class ExecutionContext:
-    """What an execution knows about itself.
+class ExecutionContext(Generic[D]):
+    """What an execution knows about itself (``ExecutionContext[InvoiceData]`` in a typed
+    one-time job: ``data`` is then the model instance).
 
     ``execution_time`` is the slot being run; it stays the same when a dead execution is
     revived elsewhere, so ``(task_name, task_instance, execution_time)`` is an idempotency
@@ -103,15 +109,24 @@ class ExecutionContext:
     """What ``transaction()`` opens: set by the scheduler (None: no database at hand)."""
     is_backfill: bool = False
     """A slot run again by ``client.backfill`` (``task_instance`` is ``backfill:<slot>``)."""
+    data_model: DataModel | None = field(default=None, repr=False)
+    """The typed job's model (``OneTimeJob[InvoiceData]``): ``data`` is validated into it."""
 
     @cached_property
-    def data(self) -> Any:
-        """The instance's data, decoded from JSON on first use.
+    def data(self) -> D:
+        """The instance's data, decoded from JSON on first use: the model instance for a typed
+        job (the scheduler checked it fits before calling ``execute``: a row whose data does
+        not is parked instead).
 
         Raises ``TaskDataError`` when the row holds bytes this library did not write; the
         execution then fails like any other exception (a job that never reads ``data`` runs).
         """
-        return decode_data(self.task_data, where=f"{self.task_name}/{self.task_instance}")
+        if self.data_model is not None:
+            return self.data_model.decode(  # type: ignore[no-any-return]
+                self.task_data, task_name=self.task_name, task_instance=self.task_instance
+            )
+        where = f"{self.task_name}/{self.task_instance}"
+        return decode_data(self.task_data, where=where)  # type: ignore[no-any-return]
 
     @property
     def is_shutting_down(self) -> bool:
@@ -154,7 +169,7 @@ class ExecutionContext:
         if self.transactions is None:
             raise ConfigurationError(
                 "ctx.transaction() needs the jobs database, and this context has none: run "
-                "the job through the scheduler, or give ekbatan_fastapi.testing.run_job a "
-                "database"
+                "the job through the scheduler, or pass database=<URL or AsyncEngine> to "
+                "ekbatan_fastapi.testing.run_job"
             )
         return self.transactions(target)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import abc
 import inspect
+import typing
 from collections.abc import Awaitable
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, get_args, get_origin
 
+from typing_extensions import TypeVar
+
+from .codec import DataModel
 from .rows import RECURRING_INSTANCE
 
 if TYPE_CHECKING:
@@ -21,6 +25,7 @@ __all__ = [
     "DistributedJob",
     "Job",
     "OneTimeJob",
+    "data_model_of",
     "distributed_job",
     "is_distributed_job",
     "schedule_of",
@@ -79,12 +84,33 @@ def schedule_of(job: DistributedJob) -> Schedule:
     return job.schedule().bind(job.name())
 
 
-class OneTimeJob(Job):
+D = TypeVar("D", default=Any)
+"""A one-time job's task data: ``Any`` (plain JSON) unless the job names a model."""
+
+
+class OneTimeJob(Job, Generic[D]):
     """A job whose instances are scheduled explicitly through ``registry.client.schedule``.
 
     Each instance (``task_instance``) runs once; on failure it is retried per
     ``failure_handler()`` (default: retry after five minutes, forever, as db-scheduler does).
+
+    ``class SendInvoice(OneTimeJob[InvoiceData])`` with a pydantic model types its data:
+    ``schedule()`` validates it (``TaskDataInvalid`` names the field) and stores its JSON
+    form, ``ctx.data`` is the model instance, and a row whose stored data no longer fits is
+    parked, not retried (docs/task-data.md). A plain ``OneTimeJob`` takes any JSON.
     """
+
+    data_model: ClassVar[DataModel | None] = None
+    """The model its data must fit, found in ``OneTimeJob[Model]`` (None: untyped)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            origin = get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, OneTimeJob):
+                (argument,) = get_args(base) or (Any,)
+                if argument is not Any and not isinstance(argument, typing.TypeVar):
+                    cls.data_model = DataModel(argument, f"{cls.__module__}.{cls.__qualname__}")
 
     def failure_handler(self) -> FailureHandler:
         from .failure import RetryLater
@@ -100,6 +126,11 @@ class OneTimeJob(Job):
         """Group instances for ``max_concurrency``: at most that many per key run at once
         (e.g. per tenant: ``task_instance.split(":")[0]``). None: one group for the job."""
         return None
+
+
+def data_model_of(job: Job | None) -> DataModel | None:
+    """The model a one-time job's data must fit (None: untyped, or not a one-time job)."""
+    return job.data_model if isinstance(job, OneTimeJob) else None
 
 
 J = TypeVar("J", bound=type[Job])

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from .errors import JobTimedOut
-from .rows import Finish, FinishKind
+from .rows import PARKED_TIME, Finish, FinishKind
 
 __all__ = ["ExecutionRecord", "InstanceInfo", "JobDefinition", "Outcome", "PauseInfo", "outcome_of"]
 
@@ -26,6 +26,10 @@ class Outcome(StrEnum):
     """Ran longer than its job's ``timeout()``: a failure."""
     SKIPPED = "skipped"
     """Not an execution: slots its catch-up policy did not run (the message says which)."""
+    PARKED = "parked"
+    """A typed one-time job's stored data no longer fits its model: ``execute`` was not
+    called, and the row waits, unpicked, for a fix (``reschedule`` with data) or a
+    ``cancel`` (the message names the fields; docs/task-data.md)."""
 
 
 def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> Outcome:
@@ -39,6 +43,8 @@ def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> O
         return Outcome.SKIPPED
     if isinstance(error, JobTimedOut):
         return Outcome.TIMED_OUT
+    if finish.kind is FinishKind.FAILED and finish.next_time == PARKED_TIME:
+        return Outcome.PARKED
     if finish.kind is FinishKind.FAILED or error is not None:
         return Outcome.FAILED
     return Outcome.SUCCEEDED

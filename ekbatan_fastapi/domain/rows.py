@@ -4,10 +4,11 @@ write into them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 
 __all__ = [
+    "PARKED_TIME",
     "RECURRING_INSTANCE",
     "Finish",
     "FinishKind",
@@ -22,6 +23,11 @@ __all__ = [
 
 RECURRING_INSTANCE = "recurring"
 """The ``task_instance`` of a recurring job's single row (db-scheduler's convention)."""
+
+PARKED_TIME = datetime(9999, 1, 1, tzinfo=UTC)
+"""The ``execution_time`` of a parked row (a typed job's data that no longer fits its model):
+no poll reaches it; ``reschedule`` (with fixed data) moves it back, ``cancel`` drops it. A
+year short of the column types' end, so that adding to it cannot overflow."""
 
 TaskKey = tuple[str, str]
 """``(task_name, task_instance)``: the primary key."""

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from .codec import decode_data
 from .records import PauseInfo
-from .rows import TaskRow
+from .rows import PARKED_TIME, TaskRow
 from .schedules import Schedule
 
 __all__ = [
@@ -28,7 +28,9 @@ __all__ = [
     "slot_after_missed",
 ]
 
-TaskState = Literal["scheduled", "running", "failing", "overdue", "dead", "unresolved", "paused"]
+TaskState = Literal[
+    "scheduled", "running", "failing", "overdue", "dead", "unresolved", "paused", "parked"
+]
 TASK_STATES: tuple[TaskState, ...] = (
     "scheduled",
     "running",
@@ -37,6 +39,7 @@ TASK_STATES: tuple[TaskState, ...] = (
     "dead",
     "unresolved",
     "paused",
+    "parked",
 )
 
 _MIN_OVERDUE = timedelta(seconds=1)
@@ -81,6 +84,11 @@ class ScheduledTask:
         """The decoded ``task_data`` (raises TaskDataError when it is not our JSON)."""
         return decode_data(self.task_data, where=f"{self.task_name}/{self.task_instance}")
 
+    @property
+    def parked(self) -> bool:
+        """Parked: its typed job's model refused the stored data (see ``PARKED_TIME``)."""
+        return not self.picked and self.execution_time >= PARKED_TIME
+
 
 def dead_after(heartbeat_interval: timedelta, missed_heartbeats_limit: int) -> timedelta:
     """A picked row whose heartbeat is older than this is revived elsewhere."""
@@ -108,14 +116,17 @@ def derive_state(
     known: bool = True,
     paused: bool = False,
 ) -> TaskState:
-    """``dead`` > ``running`` > ``paused`` > ``unresolved`` > ``overdue`` > ``failing`` >
-    ``scheduled``: a paused task still shows an execution that runs (or died) meanwhile.
+    """``dead`` > ``running`` > ``parked`` > ``paused`` > ``unresolved`` > ``overdue`` >
+    ``failing`` > ``scheduled``: a paused task still shows an execution that runs (or died)
+    meanwhile; a parked row waits for a fix whatever else holds.
     ``known``: some job of this name is registered where the state is judged (the CLI, which
     loads no jobs, passes True)."""
     if task.picked:
         if task.last_heartbeat is None or now - task.last_heartbeat > dead_after:
             return "dead"
         return "running"
+    if task.parked:
+        return "parked"
     if paused:
         return "paused"
     if not known:

@@ -8,6 +8,7 @@ from .errors import ConfigurationError
 
 __all__ = [
     "MAX_NAME_LENGTH",
+    "NAME_PATTERN",
     "is_storable_text",
     "is_valid_name",
     "mask_url",
@@ -18,6 +19,15 @@ __all__ = [
 
 MAX_NAME_LENGTH = 100
 """Task names and instance ids: the key columns' limit (``varchar(100)`` on MySQL)."""
+
+_WHITESPACE = (
+    r"\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+NAME_PATTERN = rf"^[^\u0000]*[^\u0000{_WHITESPACE}][^\u0000]*$"
+"""``is_valid_name`` as a regular expression, for OpenAPI schemas: no NUL and one character
+that is not whitespace (exactly ``str.isspace``). The same in Python, JavaScript (ECMA-262)
+and Rust (pydantic); the length and the lone surrogates (which no URL or JSON text carries)
+are checked apart."""
 
 
 def is_storable_text(value: str) -> bool:

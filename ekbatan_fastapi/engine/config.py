@@ -1,4 +1,4 @@
-"""The scheduler's settings, with the defaults of DESIGN.md and their validation."""
+"""The scheduler's settings, with Ekbatan's defaults and their validation."""
 
 from __future__ import annotations
 

@@ -8,12 +8,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from ..domain.catchup import CatchUp, SlotPlan, next_after_run, skip_message
+from ..domain.codec import TaskDataInvalid
 from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.failure import ExponentialBackoff, FailureHandler
-from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob
+from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, data_model_of
 from ..domain.logs import library_logger
 from ..domain.records import ExecutionRecord, outcome_of
-from ..domain.rows import Finish, FinishKind, Owned, TaskRow
+from ..domain.rows import PARKED_TIME, Finish, FinishKind, Owned, TaskRow
 from ..domain.text import storable
 
 if TYPE_CHECKING:
@@ -64,6 +65,9 @@ class Execution:
     """Slots its next time coalesces (``CatchUp.latest``), set by ``finish``."""
     backfill: bool = False
     """A backfilled slot: one-time work of the recurring job, deleted once it succeeds."""
+    unfit: TaskDataInvalid | None = None
+    """Its stored data does not fit its typed job's model: ``execute`` is not called, and the
+    row is parked (see ``unfit_data``)."""
 
     @property
     def recurring(self) -> bool:
@@ -100,7 +104,19 @@ class Execution:
             timed_out=lambda: self.timed_out,
             transactions=transactions,
             is_backfill=self.backfill,
+            data_model=data_model_of(self.job),
         )
+
+    def unfit_data(self, ctx: ExecutionContext) -> TaskDataInvalid | None:
+        """A typed job's data is checked before ``execute`` is called: the error that parks
+        the row when it does not fit (None: it fits, or the job is untyped)."""
+        if ctx.data_model is None:
+            return None
+        try:
+            ctx.data  # noqa: B018 (decoded and validated once, cached for execute)
+        except TaskDataInvalid as error:
+            self.unfit = error
+        return self.unfit
 
     def record(self, finish: Finish, recorded: bool = True) -> ExecutionRecord:
         """This execution's history record; ``recorded``: whether its result was written."""
@@ -161,6 +177,8 @@ class Execution:
                 return Finish(owned, kind, self._next_slot(now))
             if error is None:
                 return Finish(owned, FinishKind.DELETED)
+            if error is self.unfit:  # parked: no retry can make the data fit
+                return Finish(owned, FinishKind.FAILED, PARKED_TIME)
             failures = (self.row.consecutive_failures or 0) + 1
             retry_at = self._failure_handler().next_attempt(failures, now)
         except Exception:

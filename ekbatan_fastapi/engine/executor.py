@@ -188,6 +188,8 @@ class Executor:
                 execution.row.execution_time.isoformat(),
                 extra=self._extra(execution.row),
             )
+        elif error is not None and error is execution.unfit:
+            log.error("%s", error, extra=self._extra(execution.row))
         elif error is not None:
             log.error(
                 "%s (slot %s) failed",
@@ -201,6 +203,8 @@ class Executor:
         """Run the job: (the exception it raised, whether it was cancelled at shutdown)."""
         opener = self.transactions(execution) if self.transactions is not None else None
         ctx = execution.context(lambda: self.state.stopping, opener)
+        if (unfit := execution.unfit_data(ctx)) is not None:
+            return unfit, False  # parked: execute() is not called
         timeout = self._timeouts.get(execution.row.task_name)
         try:
             if self._is_async[execution.row.task_name]:

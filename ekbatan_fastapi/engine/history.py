@@ -166,6 +166,11 @@ class HistoryRecorder:
                 delay = 0.05
                 del self._buffer[: len(batch)]
 
+    @property
+    def pending(self) -> int:
+        """Records buffered and not yet written."""
+        return len(self._buffer)
+
     def close(self) -> None:
         """Let ``run`` return once the buffer is written (at shutdown)."""
         self._closing = True

@@ -57,7 +57,9 @@ class Listener:
             self.link.moved.clear()
             try:
                 if await self._listen_until_moved():
-                    log.info(
+                    # WARNING, as the error and the "answers again" before it: an operator
+                    # reading a failover's log wants to see the listener follow.
+                    log.warning(
                         "the database answers again after an error that may have been a "
                         "failover: reconnecting the LISTEN connection"
                     )

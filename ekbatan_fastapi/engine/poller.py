@@ -99,6 +99,18 @@ class Poller:
             more_due=result.more_due or len(limited.claimed) >= room,
         )
 
+    async def poll_once(self, limit: int) -> PollResult:
+        """One claim as ``run`` makes it, without its sleeps and retries (an error propagates):
+        claim up to ``limit`` due rows, learn the database clock, launch what was claimed.
+        ``ekbatan_fastapi.testing.TimeMachine`` drives the scheduler by it."""
+        sent = self.config.clock.now()
+        result = await self._poll(limit)
+        self.link.observed(result.db_now, sent)
+        self.state.last_poll = result.db_now
+        for row in result.claimed:
+            self.executor.launch(row)
+        return result
+
     async def run(self) -> None:
         try:
             await self._run()

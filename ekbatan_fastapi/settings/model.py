@@ -1,7 +1,8 @@
 """Settings for the FastAPI integration: environment, an optional YAML file, and defaults.
 
 Sources, strongest first: constructor arguments, environment variables (``EKBATAN_`` prefix,
-``__`` between levels, list items by index: ``EKBATAN_SHARDING__GROUPS__0__...``), the YAML
+``__`` between levels, list items by index: ``EKBATAN_SHARDING__GROUPS__0__...``), then
+``EKBATAN_DATABASE_URL`` (the jobs database's URL by its short name), the YAML
 file named by ``EKBATAN_CONFIG_FILE`` (``ekbatan:`` root, ``${VAR}`` interpolation), defaults.
 Keys may be written in snake_case, kebab-case or camelCase. Durations are ISO-8601 only, so a
 shorthand such as ``10s`` stops startup with a message naming the key and the ISO form.
@@ -41,7 +42,14 @@ from ..engine.logs import LOG_HANDLER_MODES
 from ..store.options import DEFAULT_IDLE_TRANSACTION_TIMEOUT, validate_pooler
 from .datasource import DataSourceConfig
 from .keys import SettingsSection, canonical_key, canonical_mapping, display_key
-from .sources import CONFIG_FILE, CONFIG_FILE_ENV, YamlFileSource
+from .sources import (
+    CONFIG_FILE,
+    CONFIG_FILE_ENV,
+    DATABASE_URL_ENV,
+    JOBS_SLOT_ENV,
+    DatabaseUrlAlias,
+    YamlFileSource,
+)
 
 __all__ = [
     "EkbatanSettings",
@@ -120,7 +128,7 @@ class JobOverrideSettings(SettingsSection):
 
 
 class JobsSettings(SettingsSection):
-    """``ekbatan.jobs``: the scheduler's knobs (defaults from DESIGN.md)."""
+    """``ekbatan.jobs``: the scheduler's knobs (their defaults: docs/fastapi.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -243,7 +251,7 @@ class ShardingSettings(SettingsSection):
 
 
 _JOBS_SLOT_PATH = "ekbatan.sharding.groups[0].members[0].configs.jobs-config"
-_JOBS_SLOT_ENV = "EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG"
+_JOBS_SLOT_ENV = JOBS_SLOT_ENV
 
 
 class EkbatanSettings(BaseSettings):
@@ -300,6 +308,7 @@ class EkbatanSettings(BaseSettings):
         return (
             init_settings,
             env_settings,
+            DatabaseUrlAlias(settings_cls, env_settings),
             dotenv_settings,
             YamlFileSource(settings_cls),
             file_secret_settings,
@@ -321,13 +330,13 @@ class EkbatanSettings(BaseSettings):
                 found = f" (that member has {', '.join(map(display_key, slots)) or 'no'} slots)"
             raise ConfigurationError(
                 f"no database is configured for the jobs{found}: set {_JOBS_SLOT_PATH}.url "
-                f"(environment: {_JOBS_SLOT_ENV}__URL), e.g. "
+                f"(environment: {DATABASE_URL_ENV}, or {_JOBS_SLOT_ENV}__URL), e.g. "
                 "postgresql+asyncpg://app@db:5432/app, or jdbc-url"
             )
         if config.url is None and config.jdbc_url is None:
             raise ConfigurationError(
                 f"{_JOBS_SLOT_PATH} has neither url nor jdbc-url: set {_JOBS_SLOT_PATH}.url "
-                f"(environment: {_JOBS_SLOT_ENV}__URL)"
+                f"(environment: {DATABASE_URL_ENV}, or {_JOBS_SLOT_ENV}__URL)"
             )
         return config
 

@@ -1,5 +1,6 @@
 """The YAML settings file (``EKBATAN_CONFIG_FILE``): its ``ekbatan:`` section, with
-``${VAR}`` / ``${VAR:default}`` interpolation from the environment."""
+``${VAR}`` / ``${VAR:default}`` interpolation from the environment; and ``EKBATAN_DATABASE_URL``,
+the short name of the jobs database's URL."""
 
 from __future__ import annotations
 
@@ -10,14 +11,25 @@ from pathlib import Path
 from typing import Any
 
 from pydantic.fields import FieldInfo
-from pydantic_settings import PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from ..domain.errors import ConfigurationError
-from .keys import canonical_mapping, display_key
+from .keys import canonical_key, canonical_mapping, display_key
 
-__all__ = ["CONFIG_FILE", "CONFIG_FILE_ENV", "YamlFileSource"]
+__all__ = [
+    "CONFIG_FILE",
+    "CONFIG_FILE_ENV",
+    "DATABASE_URL_ENV",
+    "JOBS_SLOT_ENV",
+    "DatabaseUrlAlias",
+    "YamlFileSource",
+]
 
 CONFIG_FILE_ENV = "EKBATAN_CONFIG_FILE"
+DATABASE_URL_ENV = "EKBATAN_DATABASE_URL"
+JOBS_SLOT_ENV = "EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG"
+"""The jobs database's slot in the environment (``..._URL``, ``..._PASSWORD``, ...)."""
+_JOBS_SLOT = ("sharding", "groups", "0", "members", "0", "configs", "jobs_config")
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 CONFIG_FILE: contextvars.ContextVar[str | Path | None] = contextvars.ContextVar(
     "ekbatan_config_file", default=None
@@ -88,4 +100,64 @@ class YamlFileSource(PydanticBaseSettingsSource):
         except ValueError as error:  # a non-string key, or one key in two spellings
             raise ConfigurationError(f"invalid ekbatan settings: {error}") from None
         assert isinstance(result, dict)
+        return result
+
+
+def _environment_value(name: str) -> str | None:
+    """``name`` in the environment, its case ignored as the settings ignore it."""
+    for variable, value in os.environ.items():
+        if variable.upper() == name:
+            return value
+    return None
+
+
+def _child(node: Any, key: str) -> Any:
+    """One step down the environment's settings tree: index maps (``{"0": ...}``), lists
+    (from a JSON value) and keys in any spelling."""
+    if isinstance(node, list):
+        return node[int(key)] if key.isdigit() and int(key) < len(node) else None
+    if isinstance(node, dict):
+        for name, value in node.items():
+            if isinstance(name, str) and canonical_key(name) == key:
+                return value
+    return None
+
+
+class DatabaseUrlAlias(PydanticBaseSettingsSource):
+    """``EKBATAN_DATABASE_URL``: the ``url`` of the jobs-config slot
+    (``EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG__URL``), below the
+    environment's own spelling of the slot and above the YAML file. Both set to different
+    URLs, or the alias beside the slot's ``jdbc-url``, is an error: which one is meant is not
+    clear."""
+
+    def __init__(
+        self, settings_cls: type[BaseSettings], environment: PydanticBaseSettingsSource
+    ) -> None:
+        super().__init__(settings_cls)
+        self.environment = environment
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # everything is produced by __call__
+
+    def __call__(self) -> dict[str, Any]:
+        url = _environment_value(DATABASE_URL_ENV)
+        if url is None:
+            return {}
+        slot: Any = self.environment()
+        for key in _JOBS_SLOT:
+            slot = _child(slot, key)
+        long_url, jdbc_url = _child(slot, "url"), _child(slot, "jdbc_url")
+        if long_url is not None and long_url != url:
+            raise ConfigurationError(
+                f"{DATABASE_URL_ENV} and {JOBS_SLOT_ENV}__URL are both set, to different "
+                f"URLs; keep one ({DATABASE_URL_ENV} is the short name of the other)"
+            )
+        if jdbc_url is not None:
+            raise ConfigurationError(
+                f"{DATABASE_URL_ENV} sets the jobs database's url and {JOBS_SLOT_ENV}__JDBC_URL "
+                "its jdbc-url; keep one"
+            )
+        result: dict[str, Any] = {"url": url}
+        for key in reversed(_JOBS_SLOT):
+            result = {key: result}
         return result

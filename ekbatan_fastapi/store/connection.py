@@ -6,13 +6,17 @@ that starts while its database is unreachable still speaks the right SQL once it
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..domain.errors import ConfigurationError
+from ..domain.logs import library_logger
 from .dialects import DIALECTS, Dialect
 from .options import PoolOptions, validate_pooler
 
@@ -26,6 +30,10 @@ __all__ = [
 ]
 
 DEFAULT_POOL_SIZE = 5
+DEFAULT_DISPOSE_TIMEOUT = 5.0
+"""Seconds ``ConnectionProvider.dispose`` waits for the pool's polite close."""
+
+log = library_logger("ekbatan_fastapi.store")
 
 
 def supported_urls() -> tuple[str, ...]:
@@ -71,6 +79,23 @@ class ConnectionProvider:
         self.owns_engine = owns_engine
         self.options = options
         """How the pool was built (None: an engine the application made)."""
+        self._open: set[Any] = set()
+        """The pool's driver connections not closed yet (ours only): what a dispose that
+        timed out closes at once."""
+        if owns_engine:
+            pool_events = engine.sync_engine.pool
+            event.listen(pool_events, "connect", self._opened)
+            event.listen(pool_events, "close", self._closed)
+            event.listen(pool_events, "close_detached", self._closed_detached)
+
+    def _opened(self, dbapi_connection: Any, _record: Any) -> None:
+        self._open.add(dbapi_connection)
+
+    def _closed(self, dbapi_connection: Any, _record: Any) -> None:
+        self._open.discard(dbapi_connection)
+
+    def _closed_detached(self, dbapi_connection: Any) -> None:
+        self._open.discard(dbapi_connection)
 
     @classmethod
     def from_url(
@@ -134,9 +159,28 @@ class ConnectionProvider:
             dialect = _by_scheme(engine.url.drivername, engine.url)[1].name
         return cls(engine, dialect, owns_engine=False)
 
-    async def dispose(self) -> None:
-        if self.owns_engine:
-            await self.engine.dispose()
+    async def dispose(self, timeout: float | None = DEFAULT_DISPOSE_TIMEOUT) -> None:
+        """Close our pool (an application's engine stays open). Closing a connection politely
+        waits for the server's answer; a server that went silent (a frozen primary, a cut
+        network) would hold that up forever, so after ``timeout`` seconds the connections
+        left are closed at once, without a word to the server."""
+        if not self.owns_engine:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self.engine.dispose()
+        except TimeoutError:
+            left = list(self._open)
+            self._open.clear()
+            for connection in left:
+                with contextlib.suppress(Exception):  # a broken socket: nothing to report
+                    connection.terminate()  # outside a greenlet: closes the socket at once
+            log.warning(
+                "the jobs pool did not close within %gs (the database does not answer): "
+                "%d connection(s) closed without waiting",
+                timeout,
+                len(left),
+            )
 
     def __repr__(self) -> str:
         return f"ConnectionProvider({_safe(self.engine.url)}, dialect={self.dialect!r})"

@@ -23,7 +23,7 @@ from sqlalchemy.sql import ColumnElement, Executable
 
 from ..domain.errors import DatabaseTimeout, DatabaseUnavailable, SchemaMissingError
 from .external import describe_url
-from .lease import Lease, discard_connection
+from .lease import Lease, discard_connection, distrust_pool
 from .tables import Tables, quote_table
 
 __all__ = [
@@ -251,6 +251,7 @@ class Database(abc.ABC):
             await lease.discard()
             if not bound.expired():
                 raise  # the driver's own timeout (a connect timeout), not ours
+            distrust_pool(self.engine)
             raise self.timeout_error() from None
         except BaseException:
             await lease.discard()
@@ -280,6 +281,8 @@ class Database(abc.ABC):
                     if wrapped is error:
                         raise
                     raise wrapped from error
+                if conn is not None:
+                    distrust_pool(engine or self.engine)
                 raise self.timeout_error(connecting=conn is None) from None
             except asyncio.CancelledError:
                 # Interrupted mid-statement (a stopping loop): the driver may still wait for

@@ -4,14 +4,59 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+import weakref
 from typing import Any
 
+from sqlalchemy import event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-__all__ = ["Lease", "discard_connection"]
+__all__ = ["Lease", "discard_connection", "distrust_pool"]
 
 _LEASE_IDLE = 1.0
 """Seconds a lease keeps its idle connection before giving it back to the pool."""
+
+
+_DISTRUSTED: weakref.WeakKeyDictionary[Any, list[float]] = weakref.WeakKeyDictionary()
+"""Per pool: the time before which its connections are not trusted (see ``distrust_pool``)."""
+
+
+def _abort(dbapi_connection: Any) -> None:
+    driver = getattr(dbapi_connection, "driver_connection", None)
+    close = getattr(driver, "terminate", None) or getattr(driver, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):
+            close()
+
+
+def _born(_dbapi_connection: Any, record: Any) -> None:
+    record.info["ekbatan_born"] = time.monotonic()
+
+
+def _make_checkout_check(mark: list[float]) -> Any:
+    def check(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if record.info.get("ekbatan_born", 0.0) < mark[0]:
+            _abort(dbapi_connection)  # at once: the polite close would wait for a silent server
+            raise DisconnectionError("opened before the pool's server went silent")
+
+    return check
+
+
+def distrust_pool(engine: AsyncEngine) -> None:
+    """A statement on one of ``engine``'s connections got no answer within its bound: the
+    server (or the path to it) went silent, and every idle connection of the pool opened
+    before now most likely leads to the same place. Each is replaced by a new connection at
+    its next checkout instead of spending a statement timeout of its own (5 idle connections
+    to a frozen primary were 5 timeouts in a row, before the first reconnect)."""
+    pool = engine.sync_engine.pool
+    mark = _DISTRUSTED.get(pool)
+    if mark is None:
+        mark = [0.0]
+        _DISTRUSTED[pool] = mark
+        event.listen(pool, "connect", _born)
+        event.listen(pool, "checkout", _make_checkout_check(mark))
+    mark[0] = time.monotonic()
 
 
 async def discard_connection(conn: AsyncConnection) -> None:

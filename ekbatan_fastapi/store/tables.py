@@ -26,15 +26,16 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
-    cast,
-    func,
     inspect,
-    text,
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateIndex
+from sqlalchemy.sql import operators
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ColumnElement, UnaryExpression
 from sqlalchemy.types import TypeEngine
 
 from ..domain.errors import ConfigurationError
@@ -152,21 +153,42 @@ def scheduled_tasks_table(name: str = DEFAULT_TABLE_NAME, meta: MetaData | None 
     return table
 
 
+class _PriorityKey(UnaryExpression[Any]):
+    """The second key of our index: ``priority DESC`` on MySQL/MariaDB, and
+    ``coalesce(CAST(priority AS INTEGER), 32768)`` on PostgreSQL (NULL as 32768, above every
+    smallint, where ``ORDER BY priority DESC`` puts it). A sort of the column (as
+    ``priority.desc()`` is) everywhere but PostgreSQL, so that Alembic compares MySQL's by its
+    columns."""
+
+    inherit_cache = True
+
+    def __init__(self, priority: ColumnElement[Any]) -> None:
+        super().__init__(priority, modifier=operators.desc_op)
+
+
+@compiles(_PriorityKey, "postgresql")
+def _priority_key(element: _PriorityKey, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"coalesce(CAST({compiler.process(element.element, **kw)} AS INTEGER), 32768)"
+
+
 def _task_name_index(table: Table, name: str) -> None:
     """Ours (migration V0004): the polls reach the rows of the task names they know through it,
     never reading rows of other names. PostgreSQL's is made for the row comparisons of
     ``store/postgresql/statements.py`` (the ``C`` collation and NULL priority as 32768, which
-    no other index shares); MySQL/MariaDB's is plain."""
+    no other index shares); MySQL/MariaDB's is plain.
+
+    One ``Index`` for every dialect (its second key compiles per dialect), not one per dialect
+    under ``ddl_if``: Alembic's autogenerate ignores ``ddl_if`` and would compare the database's
+    index with either. The collation is the column's ``postgresql_ops`` (the DDL is the same,
+    ``task_name COLLATE "C"``): SQLAlchemy's reflection does not report an index column's
+    collation, so written as an expression it would look changed to ``alembic check``."""
     c = table.c
     Index(
         name,
-        text('task_name COLLATE "C"'),
-        func.coalesce(cast(c.priority, Integer()), 32768),
+        c.task_name,
+        _PriorityKey(c.priority),
         c.execution_time,
-    ).ddl_if(dialect="postgresql")
-    # a tuple of dialects works (DDLIf checks membership); the stubs only say str
-    Index(name, c.task_name, c.priority.desc(), c.execution_time).ddl_if(
-        dialect=("mysql", "mariadb")  # type: ignore[arg-type]
+        postgresql_ops={"task_name": 'COLLATE "C"'},
     )
 
 

@@ -14,15 +14,11 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Res
 from pydantic import BaseModel, Field
 
 from ..domain.job import RECURRING_INSTANCE
-from .http_errors import check_names, translated_errors
-from .route_params import Instance, Name, State
+from .http_errors import error_response, translated_errors
+from .route_params import ADMIN_CHECK_PATH, Instance, Name, State
 from .views import PauseResult, ResumeResult, RunNowResult
 
-__all__ = ["ADMIN_CHECK_PATH", "add_admin_routes"]
-
-ADMIN_CHECK_PATH = "/ui/admin"
-"""Under the router's prefix: answers 204 when the dependency accepts the request. The
-dashboard asks it, in-process, whether to show its action buttons."""
+__all__ = ["add_admin_routes"]
 
 _PAUSED_BY_LIMIT = 200
 _REASON_LIMIT = 1000
@@ -69,8 +65,13 @@ def _paused_by(who: Any) -> str | None:
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    404: {"description": "No task of that name"},
-    503: {"description": "The database is unreachable, or the operations tables are missing"},
+    401: {"description": "Not authenticated (the authorization dependency's refusal)"},
+    403: {
+        "description": "Refused by the authorization dependency, or a browser's cross-site "
+        "request (Sec-Fetch-Site)"
+    },
+    404: error_response("No task of that name"),
+    503: error_response("The database is unreachable, or the operations tables are missing"),
 }
 
 
@@ -98,7 +99,7 @@ def add_admin_routes(
         dependencies=guards,
         responses={
             **_ERRORS,
-            409: {"description": "The instance is running right now, or the task is paused"},
+            409: error_response("The instance is running right now, or the task is paused"),
         },
         summary="Run a task instance now",
     )
@@ -108,7 +109,13 @@ def add_admin_routes(
         methods=["POST"],
         response_model=PauseResult,
         dependencies=same_site,  # the guard is a parameter: its result names the admin
-        responses=_ERRORS,
+        responses={
+            **_ERRORS,
+            400: error_response("The body is not JSON (not even UTF-8)"),
+            409: error_response(
+                "The task was resumed by someone else meanwhile, or changed concurrently"
+            ),
+        },
         summary="Pause a task cluster-wide",
     )
     router.add_api_route(
@@ -117,7 +124,10 @@ def add_admin_routes(
         methods=["POST"],
         response_model=ResumeResult,
         dependencies=guards,
-        responses=_ERRORS,
+        responses={
+            **_ERRORS,
+            409: error_response("The task was being changed concurrently; try again"),
+        },
         summary="Resume a paused task",
     )
 
@@ -136,7 +146,6 @@ def _run_now(timeout: float) -> Callable[..., Any]:
     ) -> RunNowResult:
         """Make the instance due now (the database's clock), keeping its failure counters.
         A paused task answers 409 unless ``force``."""
-        check_names(name, instance)
         async with translated_errors(timeout):
             await state.client.run_now(name, instance, force=force, force_hint="?force=true")
         return RunNowResult(
@@ -158,7 +167,6 @@ def _pause(timeout: float, guard: params.Depends) -> Callable[..., Any]:
         already running finish. ``paused_by`` is the authorization dependency's result when
         it returns a string, else the answering scheduler's name. Pausing again updates the
         reason."""
-        check_names(name)
         why = body.reason if body is not None and body.reason is not None else reason
         async with translated_errors(timeout):
             await state.client.pause(name, why or None, paused_by=_paused_by(who))
@@ -181,8 +189,7 @@ def _resume(timeout: float) -> Callable[..., Any]:
         """An overdue slot then runs once (missed slots coalesce), unless ``skip_missed``
         moves a recurring task to its next future slot. ``resumed`` is false when the task
         was not paused."""
-        check_names(name)
-        async with translated_errors(timeout):
+        async with translated_errors(timeout, loc=("query", "skip_missed")):
             resumed = await state.client.resume(name, skip_missed=skip_missed)
         return ResumeResult(
             name=name,

@@ -3,7 +3,7 @@ into the page: no CDN, fonts or external files.
 
 The script reads everything it needs from ``data-*`` attributes and builds the history with
 ``textContent``, so no value is ever interpreted as HTML. Its URLs are relative to the page
-(``/jobs/ui`` -> ``/jobs/{name}/...``), so it works under any prefix or proxy path.
+(``/jobs/-/ui`` -> ``/jobs/{name}/...``), so it works under any prefix or proxy path.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""``GET /jobs/ui``: the dashboard, one server-rendered page that works offline.
+"""``GET /jobs/-/ui``: the dashboard, one server-rendered page that works offline.
 
 It shows the ``/jobs`` report, the latest error message of each failing task (from the
 execution history) and, only when the router's authorization dependency accepts the request,
 the action buttons. To know that, the page asks the dependency itself: it sends the request's
-headers and cookies, in-process, to the hidden ``GET {prefix}/ui/admin`` route that the
+headers and cookies, in-process, to the hidden ``GET {prefix}/-/ui/admin`` route that the
 dependency guards, so every form of dependency (sub-dependencies, overrides, ``yield``,
 security classes) is judged exactly as FastAPI judges it on the admin routes.
 
-``GET /jobs/ui?sign_in=1`` answers with the dependency's own refusal (e.g. a 401 with
+``GET /jobs/-/ui?sign_in=1`` answers with the dependency's own refusal (e.g. a 401 with
 ``WWW-Authenticate: Basic``, so the browser asks for credentials for ``/jobs/``), or leads
 back to the page once it accepts.
 """
@@ -27,10 +27,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from ..domain.logs import library_logger
 from ..domain.records import Outcome
 from ..domain.version import VERSION
-from .admin import ADMIN_CHECK_PATH
 from .dashboard_html import DashboardView, render_dashboard
 from .report import build_report, describe_failure, history_record
-from .route_params import State
+from .route_params import ADMIN_CHECK_PATH, DASHBOARD_PATH, State
 from .state import EkbatanState
 from .views import HistoryRecord, JobsReport
 
@@ -114,7 +113,8 @@ async def last_errors(
     for name in names[:_MAX_FAILING_NAMES]:
         for record in await state.client.history(name, limit=_HISTORY_DEPTH):
             key = (record.task_name, record.task_instance)
-            if record.outcome == Outcome.FAILED and key in wanted and key not in found:
+            failed = record.outcome in (Outcome.FAILED, Outcome.PARKED)
+            if failed and key in wanted and key not in found:
                 found[key] = history_record(record)
     return found
 
@@ -122,7 +122,7 @@ async def last_errors(
 def add_dashboard_route(
     router: APIRouter, admin_mounted: bool, timeout: float, default_refresh: float
 ) -> None:
-    @router.get("/ui", response_class=HTMLResponse, include_in_schema=False)
+    @router.get(DASHBOARD_PATH, response_class=HTMLResponse, include_in_schema=False)
     async def dashboard(
         request: Request, state: State, refresh: Refresh = None, sign_in: SignIn = False
     ) -> Response:
@@ -130,7 +130,7 @@ def add_dashboard_route(
         admin = False
         if admin_mounted:
             check = await check_admin(
-                request, request.scope["path"] + ADMIN_CHECK_PATH.removeprefix("/ui")
+                request, request.scope["path"] + ADMIN_CHECK_PATH.removeprefix(DASHBOARD_PATH)
             )
             admin = check.allowed
             if sign_in:
@@ -146,7 +146,7 @@ def add_dashboard_route(
                 report.warnings.append(
                     f"the latest error messages could not be read: {describe_failure(error)}"
                 )
-        base = request.url.path.removesuffix("/ui") or "/"
+        base = request.url.path.removesuffix(DASHBOARD_PATH) or "/"
         view = DashboardView(
             report=report,
             last_errors=errors,

@@ -164,11 +164,12 @@ def _task_row(view: DashboardView, task: TaskView, now: datetime | None) -> str:
         if task.consecutive_failures
         else "0"
     )
+    parked = task.state == "parked"  # its time is a marker (PARKED_TIME), not a run
     cells = [
         _td("Task", name, "name"),
         _td("State", state),
         _td("Schedule", _e(task.schedule) if task.schedule else '<span class="meta">-</span>'),
-        _td("Next run", _time(task.execution_time, now)),
+        _td("Next run", _time(None if parked else task.execution_time, now, never="parked")),
         _td("Heartbeat", heartbeat, "" if task.picked else "empty"),
         _td("Last success", _time(task.last_success, now)),
         _td("Last failure", failure, "error-cell" if error is not None else ""),

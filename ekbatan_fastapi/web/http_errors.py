@@ -1,12 +1,19 @@
-"""How the routes answer the library's errors: one mapping from exception to status code."""
+"""How the routes answer the library's errors: one mapping from exception to status code.
+
+The routes' own checks of names and limits are in their parameters' schema (route_params),
+so FastAPI answers a bad request itself, with the documented ``HTTPValidationError`` body;
+the library's later refusals (``ConfigurationError``) are answered in that same shape."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError
 
 from ..domain.errors import (
@@ -18,23 +25,33 @@ from ..domain.errors import (
     TaskPickedError,
     UnknownJobError,
 )
-from ..domain.text import is_valid_name
 from .report import describe_failure
 
-__all__ = ["check_names", "translated_errors"]
+__all__ = ["ErrorMessage", "error_response", "translated_errors", "unprocessable"]
 
 
-def check_names(*names: str) -> None:
-    """422 unless every name fits the table's key columns."""
-    if not all(is_valid_name(n) for n in names):
-        raise HTTPException(422, detail="names are 1 to 100 characters")
+class ErrorMessage(BaseModel):
+    """The body of the routes' own 4xx/5xx answers (``HTTPException``)."""
+
+    detail: str
+
+
+def error_response(description: str) -> dict[str, Any]:
+    """An entry of a route's ``responses=``: ``description`` with the ``ErrorMessage`` body."""
+    return {"model": ErrorMessage, "description": description}
+
+
+def unprocessable(message: str, loc: Sequence[str]) -> RequestValidationError:
+    """A 422 in the shape FastAPI documents for every route (``HTTPValidationError``):
+    ``{"detail": [{"loc": [...], "msg": ..., "type": "value_error"}]}``."""
+    return RequestValidationError([{"loc": tuple(loc), "msg": message, "type": "value_error"}])
 
 
 @asynccontextmanager
-async def translated_errors(timeout: float) -> AsyncIterator[None]:
+async def translated_errors(timeout: float, *, loc: Sequence[str] = ()) -> AsyncIterator[None]:
     """Bound the body by ``timeout`` and turn the library's errors into HTTP answers:
-    404 unknown task, 409 running or paused, 422 bad input, 503 database or schema missing
-    (the message names the fix)."""
+    404 unknown task, 409 running or paused, 422 bad input (``loc`` names the parameter the
+    library refused), 503 database or schema missing (the message names the fix)."""
     try:
         async with asyncio.timeout(timeout):
             yield
@@ -43,7 +60,7 @@ async def translated_errors(timeout: float) -> AsyncIterator[None]:
     except (TaskPickedError, TaskPausedError, UnknownJobError) as error:
         raise HTTPException(409, detail=str(error)) from None
     except ConfigurationError as error:
-        raise HTTPException(422, detail=str(error)) from None
+        raise unprocessable(str(error), loc) from None
     except SchemaMissingError as error:
         raise HTTPException(503, detail=str(error)) from None
     except DatabaseUnavailable as error:  # a DatabaseTimeout too: both name the host

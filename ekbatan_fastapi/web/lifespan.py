@@ -201,6 +201,21 @@ class EkbatanLifespan:
                 if getattr(app.state, STATE_KEY, None) is state:
                     delattr(app.state, STATE_KEY)
 
+    async def build_jobs(
+        self,
+        app: Starlette,
+        stack: contextlib.AsyncExitStack,
+        settings: EkbatanSettings | None = None,
+    ) -> list[Job]:
+        """The jobs this lifespan runs in ``app``, built with their providers (and
+        ``app.dependency_overrides``), teardowns pushed onto ``stack``; no scheduler, no
+        database (``ekbatan_fastapi.testing.build_jobs``)."""
+        if self._registry is not None:
+            return list(self._registry.jobs.values())
+        if settings is None:
+            settings = self._settings if self._settings is not None else EkbatanSettings()
+        return await self._resolve_jobs(app, settings, stack)
+
     async def _resolve_jobs(
         self, app: Starlette, settings: EkbatanSettings, stack: contextlib.AsyncExitStack
     ) -> list[Job]:

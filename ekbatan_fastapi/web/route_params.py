@@ -10,20 +10,65 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Query
 
+from ..domain.text import MAX_NAME_LENGTH, NAME_PATTERN
 from .dependencies import get_ekbatan
 from .state import EkbatanState
 
-__all__ = ["BeforeId", "HistoryLimit", "Instance", "Limit", "Name", "Offset", "State"]
+__all__ = [
+    "ADMIN_CHECK_PATH",
+    "DASHBOARD_PATH",
+    "PATH_NAME_PATTERN",
+    "BeforeId",
+    "HistoryLimit",
+    "Instance",
+    "Limit",
+    "Name",
+    "Offset",
+    "State",
+]
 
-Name = Annotated[str, Path(description="the task_name (job name)", max_length=100)]
+DASHBOARD_PATH = "/-/ui"
+"""The dashboard, under the router's prefix. Two segments whose second is no job route's
+(``/{name}/history``, ``/run``, ...), so no job name reaches it; ``/jobs/ui`` is the job
+``ui``."""
+ADMIN_CHECK_PATH = DASHBOARD_PATH + "/admin"
+"""Under the router's prefix: answers 204 when the dependency accepts the request. The
+dashboard asks it, in-process, whether to show its action buttons."""
+
+_NAME_RULE = "1 to 100 characters, not blank, no NUL"
+PATH_NAME_PATTERN = NAME_PATTERN.replace(r"[^\u0000", r"[^\u0000/")
+"""A name in the path has no ``/`` as well: the router decodes ``%2F`` before matching, so
+``/jobs/a%2Fhistory`` is the history of ``a`` (a task whose name holds ``/`` is read with the
+client or the CLI)."""
+Name = Annotated[
+    str,
+    Path(
+        description=f"the task_name (job name): {_NAME_RULE}, no '/'",
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=PATH_NAME_PATTERN,
+    ),
+]
 State = Annotated[EkbatanState, Depends(get_ekbatan)]
 Limit = Annotated[int, Query(ge=1, le=10_000, description="at most this many rows")]
-Offset = Annotated[int, Query(ge=0, description="skip this many rows (by execution_time)")]
+Offset = Annotated[
+    int, Query(ge=0, le=2**31 - 1, description="skip this many rows (by execution_time)")
+]
 Instance = Annotated[
-    str, Query(max_length=100, description="task_instance; a recurring job's row by default")
+    str,
+    Query(
+        description=f"task_instance, {_NAME_RULE}; a recurring job's row by default",
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=NAME_PATTERN,
+    ),
 ]
 HistoryLimit = Annotated[int, Query(ge=1, le=1000, description="at most this many records")]
 BeforeId = Annotated[
     int | None,
-    Query(ge=1, description="only records older than this id (the last id of the previous page)"),
+    Query(
+        ge=1,
+        le=2**63 - 1,  # the id column is a BIGINT
+        description="only records older than this id (the last id of the previous page)",
+    ),
 ]

@@ -18,14 +18,14 @@ from fastapi import APIRouter, Depends, HTTPException, Response, params
 
 from .admin import add_admin_routes
 from .dashboard import add_dashboard_route
-from .http_errors import check_names, translated_errors
+from .http_errors import error_response, translated_errors
 from .report import build_report, history_record
 from .route_params import BeforeId, HistoryLimit, Limit, Name, Offset, State
 from .views import HistoryPage, JobsReport
 
 __all__ = ["create_jobs_router", "jobs_router"]
 
-_UNHEALTHY = {
+_UNHEALTHY: dict[int | str, dict[str, Any]] = {
     503: {
         "model": JobsReport,
         "description": "The database is unreachable or a task is dead (same body as 200).",
@@ -59,7 +59,7 @@ def create_jobs_router(
     returns a string, that names the admin in ``paused_by``.
     ``include_task_data`` shows each row's ``task_data`` (it may hold personal data).
     ``timeout`` bounds the read of the table, so a probe answers 503 rather than hanging.
-    ``dashboard`` serves the HTML page ``GET {prefix}/ui``, refreshed every
+    ``dashboard`` serves the HTML page ``GET {prefix}/-/ui``, refreshed every
     ``dashboard_refresh`` seconds (0: never). ``cross_site_admin`` lets browsers on other
     sites call the admin routes (refused by default, against CSRF).
     """
@@ -77,10 +77,9 @@ def create_jobs_router(
         _list_jobs(options),
         methods=["GET"],
         response_model=JobsReport,
-        responses=_UNHEALTHY,  # type: ignore[arg-type]
+        responses=_UNHEALTHY,
         summary="Every task in the cluster, the live instances and this instance's scheduler",
     )
-    # Before "/{name}": otherwise GET /jobs/ui would be read as the task named "ui".
     if dashboard:
         add_dashboard_route(router, guard is not None, timeout, dashboard_refresh)
     router.add_api_route(
@@ -88,7 +87,7 @@ def create_jobs_router(
         _get_job(options),
         methods=["GET"],
         response_model=JobsReport,
-        responses={**_UNHEALTHY, 404: {"description": "No job or task of that name"}},  # type: ignore[dict-item]
+        responses={**_UNHEALTHY, 404: error_response("No job or task of that name")},
         summary="The task instances of one job",
     )
     router.add_api_route(
@@ -97,11 +96,11 @@ def create_jobs_router(
         methods=["GET"],
         response_model=HistoryPage,
         responses={
-            404: {"description": "No job, task or history of that name"},
-            503: {
-                "description": "The database is unreachable, or the operations tables are "
-                "missing (the message names the migration)"
-            },
+            404: error_response("No job, task or history of that name"),
+            503: error_response(
+                "The database is unreachable, or the operations tables are missing (the "
+                "message names the migration)"
+            ),
         },
         summary="The executions of one task, newest first",
     )
@@ -174,7 +173,6 @@ def _job_history(options: _Options) -> Callable[..., Any]:
     ) -> HistoryPage:
         """One page of executions, newest first. ``next_before_id`` pages to older ones.
         Records are kept for the history retention (default 7 days)."""
-        check_names(name)
         async with translated_errors(options.timeout):
             records = await state.client.history(name, limit=limit, before_id=before_id)
             if not records and before_id is None and not await state.client.is_known(name):

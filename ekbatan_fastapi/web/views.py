@@ -49,6 +49,8 @@ class TaskView(BaseModel):
     state: TaskState = Field(
         description=(
             "dead: picked with a heartbeat older than the dead-after window; running: picked; "
+            "parked: its stored data does not fit its typed job's model (the history says "
+            "why; reschedule it with fixed data, or cancel it); "
             "paused: paused cluster-wide (see paused); unresolved: no job of this name on this "
             "instance; overdue: due for longer than two polling intervals; failing: the last "
             "run failed; scheduled: otherwise"

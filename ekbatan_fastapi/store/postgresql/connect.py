@@ -3,9 +3,9 @@
 * **A connect timeout per host.** asyncpg spends ``timeout`` as one budget over all the hosts
   of a multi-host URL (``?host=A&host=B&target_session_attrs=read-write``): a first host that
   accepts TCP and never answers (a frozen primary) uses all of it, and the second host is never
-  tried. ``HostConnector`` tries each host with its own timeout, as libpq does, and tries the
-  host that last worked first, so that after a failover only the first new connection pays
-  for the dead host.
+  tried. ``HostConnector`` tries each host with its own timeout, as libpq does, tries the
+  host that last worked first and a host whose last attempt failed last, so that after a
+  failover only the first new connection pays for the dead host.
 * **URL query values asyncpg wants as numbers** (``?statement_cache_size=0``,
   ``?command_timeout=10``) arrive from the URL as strings; they are converted here.
 * **PgBouncer in transaction mode** (``pooler="pgbouncer-transaction"``): consecutive
@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,6 +71,10 @@ class HostConnector:
     def __init__(self) -> None:
         self.preferred: tuple[str, int | None] | None = None
         """The host that gave the last connection: tried first."""
+        self.failed: set[tuple[str, int | None]] = set()
+        """Hosts whose last attempt failed: tried last, until one gives a connection again
+        (after a failover the old primary, frozen or gone, costs one connect timeout, not
+        one per new connection)."""
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import asyncpg  # type: ignore[import-untyped]
@@ -87,19 +92,27 @@ class HostConnector:
                 ) from None
         kwargs.pop("host")
         kwargs.pop("port", None)
-        order = sorted(pairs, key=lambda pair: pair != self.preferred)
+        order = sorted(pairs, key=lambda pair: (pair in self.failed, pair != self.preferred))
         failures: list[str] = []
         for host, port in order:
             try:
                 conn = await asyncpg.connect(*args, host=host, port=port, timeout=timeout, **kwargs)
+            except asyncio.CancelledError:
+                # A caller's own bound (statement_timeout) ended the attempt on this host: the
+                # next attempt tries the other hosts first, or it would end the same way.
+                self.failed.add((host, port))
+                raise
             except TimeoutError:
+                self.failed.add((host, port))
                 failures.append(
                     f"{_where(host, port)}: no answer within {timeout:g}s (connect timeout)"
                 )
             except Exception as error:
+                self.failed.add((host, port))
                 failures.append(f"{_where(host, port)}: {type(error).__name__}: {error}")
             else:
                 self.preferred = (host, port)
+                self.failed.discard((host, port))
                 return conn
         raise ConnectFailed(
             f"no host of the URL gave a connection ({'; '.join(failures)})"

@@ -5,7 +5,8 @@
   const flash = document.getElementById("flash");
   let busy = false;
 
-  const seg = (name) => encodeURIComponent(name);
+  // The page is {prefix}/-/ui: a task's routes are {prefix}/{name}/...
+  const seg = (name) => "../" + encodeURIComponent(name);
   function say(text, bad) {
     flash.textContent = text;
     flash.className = bad ? "bad" : "";
