@@ -29,6 +29,7 @@ from .store.tables import (
     INSTANCES,
     JOBS,
     PAUSED,
+    TRACE_CONTEXT,
     UTCDateTime,
     validate_table_name,
 )
@@ -69,7 +70,7 @@ def ekbatan_table_names(table_name: str = DEFAULT_TABLE_NAME) -> frozenset[str]:
     """The tables ``ekbatan-jobs migrate`` creates and owns: db-scheduler's (under
     ``table_name``, without its schema), Ekbatan's own, and its record of the migrations."""
     name = validate_table_name(table_name).rpartition(".")[2]
-    return frozenset({name, HISTORY, PAUSED, INSTANCES, JOBS, MIGRATIONS_TABLE})
+    return frozenset({name, HISTORY, PAUSED, INSTANCES, JOBS, TRACE_CONTEXT, MIGRATIONS_TABLE})
 
 
 def excluding_ekbatan(

@@ -350,8 +350,13 @@ class JobRegistry:
         self.config = config
         self.jobs = {job.name(): job for job in jobs}
         self.scheduler = Scheduler(store, jobs, config)
+        observer = self.scheduler.observer
         self.client = SchedulerClient(
-            store, self.jobs, self.scheduler, dead_after=config.dead_after
+            store,
+            self.jobs,
+            self.scheduler,
+            dead_after=config.dead_after,
+            carrier=observer.scheduling_context if observer.carries_context else None,
         )
         self._started = False
 

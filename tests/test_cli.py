@@ -69,7 +69,7 @@ async def _tables(url: str) -> set[str]:
 async def test_migrate_applies_once_and_records_what_it_applied(any_database: Database) -> None:
     dry = await cli(*target(any_database), "--json", "migrate", "--dry-run")
     assert dry.code == 0, dry.stderr
-    assert [m["status"] for m in dry.json["migrations"]] == ["pending"] * 4
+    assert [m["status"] for m in dry.json["migrations"]] == ["pending"] * 5
     assert "scheduled_tasks" not in await _tables(any_database.url)
 
     first = await cli(*target(any_database), "migrate", "--json")
@@ -80,16 +80,18 @@ async def test_migrate_applies_once_and_records_what_it_applied(any_database: Da
         (2, "applied"),
         (3, "applied"),
         (4, "applied"),
+        (5, "applied"),
     ]
     again = await cli(*target(any_database), "migrate")
     assert again.code == 0, again.stderr
-    assert again.stdout.count("up-to-date") == 4
+    assert again.stdout.count("up-to-date") == 5
     assert {
         "scheduled_tasks",
         "ekbatan_execution_history",
         "ekbatan_paused_tasks",
         "ekbatan_scheduler_instances",
         "ekbatan_jobs",
+        "ekbatan_trace_context",
         "ekbatan_schema_migrations",
     } <= await _tables(any_database.url)
 
@@ -112,6 +114,7 @@ async def test_migrate_adopts_tables_made_otherwise_and_completes_a_partial_sche
         "partial",
         "baseline",
         "applied",
+        "baseline",
     ]
     assert "ekbatan_paused_tasks" in await _tables(any_database.url)
     async with any_engine.connect() as conn:
@@ -125,6 +128,7 @@ async def test_migrate_adopts_tables_made_otherwise_and_completes_a_partial_sche
         (2, "partial"),
         (3, "baseline"),
         (4, "applied"),
+        (5, "baseline"),
     ]
     assert all(len(checksum) == 64 for _, _, checksum in recorded)
 
@@ -241,7 +245,7 @@ async def test_database_from_environment_and_yaml_settings(
         "--json", "migrate", env={"EKBATAN_CONFIG_FILE": str(config), "JOBS_URL": database_url}
     )
     assert from_yaml.code == 0, from_yaml.stderr
-    assert [m["status"] for m in from_yaml.json["migrations"]] == ["baseline"] * 4
+    assert [m["status"] for m in from_yaml.json["migrations"]] == ["baseline"] * 5
     flag = await cli("list", "--config", str(config), env={"JOBS_URL": database_url})
     assert flag.code == 0, flag.stderr
 

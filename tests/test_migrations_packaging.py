@@ -39,6 +39,7 @@ def test_every_dialect_has_its_migrations(dialect: str, folder: str) -> None:
         "ekbatan_scheduler_instances",
     ]
     assert found[2].tables == ["ekbatan_jobs"]
+    assert found[4].tables == ["ekbatan_trace_context"]
     with pytest.raises(ConfigurationError, match="dialect 'oracle' is not supported"):
         available_migrations("oracle")
 

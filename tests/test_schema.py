@@ -65,6 +65,7 @@ async def test_migration_and_metadata_agree(engine: AsyncEngine, database_url: s
             "ekbatan_paused_tasks",
             "ekbatan_scheduler_instances",
             "ekbatan_jobs",
+            "ekbatan_trace_context",
         }
     )
     tasks = from_metadata["scheduled_tasks"]

@@ -25,6 +25,7 @@ TABLES = (
     "ekbatan_paused_tasks",
     "ekbatan_scheduler_instances",
     "ekbatan_jobs",
+    "ekbatan_trace_context",
 )
 
 
@@ -84,7 +85,7 @@ def _column(ddl: str, column: str, sql_type: str) -> None:
 @pytest.mark.parametrize("dialect", ["mysql", "mariadb"])
 async def test_migrations_and_metadata_agree(mysql_server_url: str, dialect: str) -> None:
     migrations = sorted((MIGRATIONS / dialect).glob("V*.sql"))
-    assert [m.name[:5] for m in migrations] == ["V0001", "V0002", "V0003", "V0004"]
+    assert [m.name[:5] for m in migrations] == ["V0001", "V0002", "V0003", "V0004", "V0005"]
     async with fresh_mysql_database(mysql_server_url) as url:
         from_metadata = await _built(url, None)
     async with fresh_mysql_database(mysql_server_url) as url:

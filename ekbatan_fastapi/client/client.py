@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from ..domain.codec import encode_task_data
 from ..domain.errors import (
@@ -23,7 +23,7 @@ from ..domain.errors import (
 )
 from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, schedule_of
 from ..domain.records import ExecutionRecord, InstanceInfo, JobDefinition, PauseInfo
-from ..domain.rows import NewTask, TaskRow
+from ..domain.rows import NewTask
 from ..domain.schedules import Schedule, parse_schedule
 from ..domain.tasks import ScheduledTask, paused_message, slot_after_missed
 from ..domain.text import validate_name
@@ -32,27 +32,13 @@ from ..store.external import Caller
 from .backfill import BackfillResult, backfill
 from .explain import explain_failure
 from .forced import forced_elsewhere
+from .local import LocalScheduler
+from .traced import Carrier, SchedulingTraces
 
 __all__ = ["LocalScheduler", "SchedulerClient"]
 
 _UNSET: Any = object()
 _DEFAULT_DEAD_AFTER = timedelta(seconds=60)
-
-
-class LocalScheduler(Protocol):
-    """What the client uses of a scheduler running in the same process."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def jobs(self) -> Mapping[str, Job]: ...
-
-    def request_poll(self) -> None: ...
-
-    def note_due(self, when: datetime) -> None: ...
-
-    def run_claimed(self, row: TaskRow) -> None: ...
 
 
 def _aware(at: datetime | None, what: str) -> datetime | None:
@@ -71,7 +57,9 @@ class SchedulerClient:
 
     ``jobs`` are the jobs known here (to check names and find schedules); ``dead_after`` is
     the cluster's dead window (``heartbeat_interval x missed_heartbeats_limit``), for
-    ``instances()``; ``scheduler`` is a scheduler running in this process, if any.
+    ``instances()``; ``scheduler`` is a scheduler running in this process, if any;
+    ``carrier`` gives the trace context to keep with each scheduled one-time task
+    (``ekbatan_fastapi.otel``; written to ``ekbatan_trace_context`` in the same transaction).
     """
 
     def __init__(
@@ -81,6 +69,7 @@ class SchedulerClient:
         scheduler: LocalScheduler | None = None,
         *,
         dead_after: timedelta = _DEFAULT_DEAD_AFTER,
+        carrier: Carrier | None = None,
     ) -> None:
         self._store = store
         self._tasks = store.tasks
@@ -88,6 +77,7 @@ class SchedulerClient:
         self._jobs = jobs
         self._scheduler = scheduler
         self._dead_after = dead_after
+        self._traces = SchedulingTraces(store, carrier)
 
     # -- one-time tasks ------------------------------------------------------------------
 
@@ -182,9 +172,13 @@ class SchedulerClient:
             encode_task_data(job.data_model, data, where=where),
             job.priority() if priority is None else priority,
         )
-        if connection is not None:
-            caller = self._caller(connection)
-            written = await self._tasks.upsert_on(caller, task, replace=replace)
+        traced = await self._traces.contexts([(job_name, instance_id)])
+        if connection is not None or traced:
+            async with self._traces.transaction(connection, self._caller) as caller:
+                written = await self._tasks.upsert_on(caller, task, replace=replace)
+                await self._traces.save(
+                    caller, traced, [(job_name, instance_id)] if written else []
+                )
         else:
             written = await self._tasks.upsert(task, replace=replace)
         if not written and replace:
@@ -222,15 +216,19 @@ class SchedulerClient:
         if not tasks:
             return 0
         when = None if due_now else earliest
-        if connection is not None:
-            caller = self._caller(connection)
-            created = await self._tasks.insert_missing_on(caller, tasks)
-            if created:
-                await self._woken_after_commit(caller, when, notify=True)
-            return created
-        created = len(await self._tasks.insert_missing(tasks))
-        await self._woken(when, notify=created > 0)
-        return created
+        traced = await self._traces.contexts([(t.task_name, t.task_instance) for t in tasks])
+        if connection is not None or traced:
+            async with self._traces.transaction(connection, self._caller) as caller:
+                keys = await self._tasks.insert_missing_on(caller, tasks)
+                await self._traces.save(caller, traced, keys)
+            if connection is not None:
+                if keys:
+                    await self._woken_after_commit(caller, when, notify=True)
+                return len(keys)
+        else:
+            keys = await self._tasks.insert_missing(tasks)
+        await self._woken(when, notify=bool(keys))
+        return len(keys)
 
     async def reschedule(
         self,

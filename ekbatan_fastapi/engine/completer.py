@@ -194,13 +194,14 @@ class Completer:
             [e.record(f) for f, e in batch.items] if batch.history_inline else []
         )
         try:
-            return await self.tasks.finish(
-                batch.current,
-                lease=self.lease,
-                history=history,
-                picked_by=self.name,
-                retry=self._retrying,
-            )
+            with self.observer.statement_scope("complete", len(batch.current)):
+                return await self.tasks.finish(
+                    batch.current,
+                    lease=self.lease,
+                    history=history,
+                    picked_by=self.name,
+                    retry=self._retrying,
+                )
         except HistoryTableMissing as error:
             self.history.table_lost(error)
         except HistoryUnwritable as error:

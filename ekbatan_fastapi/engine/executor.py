@@ -141,7 +141,9 @@ class Executor:
         )
         began = self.config.clock.monotonic()
         try:
-            error, cancelled = await self._call_job(execution)
+            async with self.observer.execution_scope(execution):  # e.g. its span (otel)
+                began = self.config.clock.monotonic()
+                error, cancelled = await self._call_job(execution)
         except Abandoned:
             self.running.forget(execution)  # no more heartbeats: revived after the dead window
             return
@@ -242,9 +244,9 @@ class Executor:
         """A plain ``def`` job in a worker thread; its timeout is cooperative."""
         disarm = self._timer.arm(execution, timeout) if timeout is not None else None
         try:
-            call = contextvars.copy_context().run  # the thread logs with the row's fields
+            # in the task's context: the row's log fields, what an observer's scope made current
             await asyncio.get_running_loop().run_in_executor(
-                self._thread_pool(), call, execution.job.execute, ctx
+                self._thread_pool(), contextvars.copy_context().run, execution.job.execute, ctx
             )
             error: BaseException | None = None
         except Exception as exc:

@@ -1,6 +1,7 @@
 """``Housekeeper``: a round per heartbeat interval: heartbeat every running execution, revive
 dead executions (also in between, at the moment the next picked row would be dead), report
-this instance, and (hourly) delete unresolved rows and prune the history."""
+this instance, and (hourly) delete unresolved rows, prune the history and the trace contexts
+whose task is gone."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from datetime import datetime
 
 from ..domain.logs import library_logger
 from ..store.tasks import TaskStore
+from ..store.traces import TraceStore
 from .alarm import Alarm
 from .config import SchedulerConfig
 from .execution import Execution
@@ -50,6 +52,7 @@ class Housekeeper:
         history: HistoryRecorder,
         observer: ObserverDispatch,
         refresh_definitions: Callable[[], Awaitable[None]] | None = None,
+        traces: TraceStore | None = None,
     ) -> None:
         self.name = name
         self.names = list(names)
@@ -66,6 +69,8 @@ class Housekeeper:
         self.observer = observer
         self.refresh_definitions = refresh_definitions
         """Re-reads the stored job definitions (a newer version's schedules)."""
+        self.traces = traces
+        """Trace contexts of one-time tasks (OpenTelemetry): pruned where the task is gone."""
         self.next_death: datetime | None = None
         """When the next picked row would be dead (database time): check for it then."""
         self._last_maintenance = -1e9
@@ -212,6 +217,8 @@ class Housekeeper:
                 self.known, self.config.delete_unresolved_after
             )
             await self.history.maintain()
+            if self.traces is not None:
+                await self.traces.prune()
         except Exception as error:
             self.link.failed(error, "housekeeping (unresolved rows, history pruning)")
             return

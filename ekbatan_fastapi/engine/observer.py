@@ -7,16 +7,26 @@ turns them into Prometheus metrics). Register one with
 Every hook has a no-op default, so an observer overrides only what it needs. Hooks run on the
 scheduler's event loop, in the middle of its loops: keep them cheap and never block (no I/O).
 An exception raised by a hook is logged and swallowed; it never breaks the scheduler.
+
+Three hooks wrap work instead of reporting it (``ekbatan_fastapi.otel`` uses them for spans):
+``execution_scope`` (an async context manager around one execution's ``execute``, in its own
+asyncio task: what it makes current, the job sees), ``statement_scope`` (around the poll and
+completion statements) and ``scheduling_context`` (a carrier kept with a scheduled one-time
+task). A scheduler whose observers override none of them pays one ``nullcontext`` per use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
+from ..domain.job import RECURRING_INSTANCE, OneTimeJob
 from ..domain.logs import library_logger
 from ..domain.records import Outcome, outcome_of
 from ..domain.rows import FinishKind
@@ -26,9 +36,39 @@ if TYPE_CHECKING:
     from .execution import Execution
     from .scheduler import Scheduler
 
-__all__ = ["ExecutionFinished", "ObserverDispatch", "SchedulerObserver", "finished_event"]
+__all__ = [
+    "ExecutionFinished",
+    "ExecutionStarted",
+    "ObserverDispatch",
+    "SchedulerObserver",
+    "finished_event",
+    "started_event",
+]
 
 log = library_logger(__name__)
+
+_NO_SCOPE = contextlib.nullcontext()
+"""What a scope is where no observer makes one (reusable, sync and async)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionStarted:
+    """One execution about to run ``execute`` (what ``execution_scope`` is told)."""
+
+    task_name: str
+    task_instance: str
+    execution_time: datetime
+    """The slot it runs (``ctx.execution_time``)."""
+    version: int
+    """The claim's version (the row's ``version`` after the claim)."""
+    picked_by: str
+    """The scheduler instance running it."""
+    consecutive_failures: int
+    """The row's count before this execution."""
+    one_time: bool
+    """A one-time task (its row may carry the context it was scheduled in)."""
+    backfill: bool
+    """A backfilled slot of a recurring job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +90,26 @@ class ExecutionFinished:
     finished_at: datetime
     """When it finished (database clock)."""
     error: BaseException | None
+    version: int = 0
+    """The claim's version (with the name and instance, it matches ``ExecutionStarted``)."""
+    picked_by: str | None = None
+    deleted: bool = False
+    """Its row was deleted: a one-time task (or backfilled slot) that is done."""
+
+
+def started_event(execution: Execution) -> ExecutionStarted:
+    """The event of an execution whose ``execute`` starts now."""
+    row = execution.row
+    return ExecutionStarted(
+        task_name=row.task_name,
+        task_instance=row.task_instance,
+        execution_time=execution.execution_time,
+        version=row.version,
+        picked_by=row.picked_by or "",
+        consecutive_failures=row.consecutive_failures or 0,
+        one_time=isinstance(execution.job, OneTimeJob) and row.task_instance != RECURRING_INSTANCE,
+        backfill=execution.backfill,
+    )
 
 
 def finished_event(execution: Execution, finish: Finish, recorded: bool) -> ExecutionFinished:
@@ -70,6 +130,9 @@ def finished_event(execution: Execution, finish: Finish, recorded: bool) -> Exec
         consecutive_failures=failures,
         finished_at=execution.finished_at or execution.started,
         error=execution.error,
+        version=row.version,
+        picked_by=row.picked_by,
+        deleted=recorded and finish.kind is FinishKind.DELETED,
     )
 
 
@@ -108,6 +171,66 @@ class SchedulerObserver:
         """A database statement of the scheduler failed (it is retried with backoff);
         ``operation`` is a short fixed label such as ``poll`` or ``heartbeat``."""
 
+    def execution_scope(
+        self, execution: ExecutionStarted
+    ) -> AbstractAsyncContextManager[Any] | None:
+        """An async context manager entered in the execution's own asyncio task right before
+        ``execute(ctx)`` and exited when it returned (None: nothing to wrap). What it makes
+        current (a span, a contextvar) the job sees, also a plain ``def`` in its worker
+        thread. It may await (a short read), which delays the job. An exception out of
+        ``execute`` never reaches it (the outcome comes to ``execution_finished``); one does
+        when the execution is abandoned or its task cancelled. Errors it raises are logged
+        and ignored."""
+        return None
+
+    def statement_scope(self, operation: str, rows: int) -> AbstractContextManager[Any] | None:
+        """A context manager around one hot-path round trip of the scheduler: ``"poll"``
+        (claim up to ``rows`` due rows; ``polled`` is called inside it with the count) or
+        ``"complete"`` (record ``rows`` results). The statement's exception passes through it.
+        None: nothing to wrap."""
+        return None
+
+    def scheduling_context(self) -> Mapping[str, str] | None:
+        """A one-time task is being scheduled (``client.schedule``/``schedule_many``): the
+        caller's context to keep with it, as W3C trace context headers (``traceparent`` and
+        optionally ``tracestate``), or None. It is stored in ``ekbatan_trace_context``
+        (migration V0005) in the scheduling transaction."""
+        return None
+
+
+def _overrides(observer: SchedulerObserver, hook: str) -> bool:
+    return getattr(type(observer), hook) is not getattr(SchedulerObserver, hook)
+
+
+class _Guarded:
+    """An observer's scope whose exit errors are logged, never raised (the body's exception
+    passes through, never suppressed)."""
+
+    def __init__(self, dispatch: ObserverDispatch, observer: SchedulerObserver, scope: Any):
+        self._dispatch, self._observer, self._scope = dispatch, observer, scope
+
+    def __enter__(self) -> None:
+        self._scope.__enter__()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self._scope.__exit__(kind, exc, tb)
+        except Exception:
+            self._dispatch._failed(self._observer, "statement_scope")
+
+    async def __aenter__(self) -> None:
+        await self._scope.__aenter__()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self._scope.__aexit__(kind, exc, tb)
+        except Exception:
+            self._dispatch._failed(self._observer, "execution_scope")
+
 
 class ObserverDispatch:
     """Calls every registered observer, each call guarded: an observer's exception is logged
@@ -120,6 +243,11 @@ class ObserverDispatch:
         self._name = scheduler_name
         self._last_logged: dict[tuple[int, str], float] = {}
         self.errors = 0
+        self._executions = [o for o in self.observers if _overrides(o, "execution_scope")]
+        self._statements = [o for o in self.observers if _overrides(o, "statement_scope")]
+        self._carriers = [o for o in self.observers if _overrides(o, "scheduling_context")]
+        self.carries_context = bool(self._carriers)
+        """An observer keeps a context with scheduled one-time tasks."""
 
     def _call(self, hook: str, *args: object) -> None:
         for observer in self.observers:
@@ -167,3 +295,51 @@ class ObserverDispatch:
 
     def database_error(self, operation: str, error: BaseException) -> None:
         self._call("database_error", operation, error)
+
+    def execution_scope(self, execution: Execution) -> AbstractAsyncContextManager[Any]:
+        """Every observer's ``execution_scope`` of ``execution``, as one."""
+        if not self._executions:
+            return _NO_SCOPE
+        return self._execution_scope(started_event(execution))
+
+    @contextlib.asynccontextmanager
+    async def _execution_scope(self, started: ExecutionStarted) -> Any:
+        async with contextlib.AsyncExitStack() as stack:
+            for observer in self._executions:
+                try:
+                    scope = observer.execution_scope(started)
+                    if scope is not None:
+                        await stack.enter_async_context(_Guarded(self, observer, scope))
+                except Exception:
+                    self._failed(observer, "execution_scope")
+            yield
+
+    def statement_scope(self, operation: str, rows: int) -> AbstractContextManager[Any]:
+        """Every observer's ``statement_scope``, as one."""
+        if not self._statements:
+            return _NO_SCOPE
+        return self._statement_scope(operation, rows)
+
+    @contextlib.contextmanager
+    def _statement_scope(self, operation: str, rows: int) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for observer in self._statements:
+                try:
+                    scope = observer.statement_scope(operation, rows)
+                    if scope is not None:
+                        stack.enter_context(_Guarded(self, observer, scope))
+                except Exception:
+                    self._failed(observer, "statement_scope")
+            yield
+
+    def scheduling_context(self) -> dict[str, str] | None:
+        """The first carrier an observer gives (None: none)."""
+        for observer in self._carriers:
+            try:
+                carrier = observer.scheduling_context()
+            except Exception:
+                self._failed(observer, "scheduling_context")
+                continue
+            if carrier:
+                return dict(carrier)
+        return None

@@ -136,7 +136,10 @@ class Poller:
             sent = clock.now()
             self.state.claiming = True
             try:
-                result = await self._poll(limit)
+                with self.observer.statement_scope("poll", limit):
+                    result = await self._poll(limit)
+                    if self.observer.active:
+                        self.observer.polled(clock.monotonic() - began, len(result.claimed))
             except Exception as error:
                 self.state.claim_failed_at = clock.monotonic()
                 self.link.failed(error, "poll")
@@ -145,8 +148,6 @@ class Poller:
             finally:
                 self.state.claiming = False
             backoff.reset()
-            if self.observer.active:
-                self.observer.polled(clock.monotonic() - began, len(result.claimed))
             self.link.observed(result.db_now, sent)
             self.state.last_poll = result.db_now
             for row in result.claimed:

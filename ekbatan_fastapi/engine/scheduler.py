@@ -225,6 +225,7 @@ class Scheduler:
             config=config,
             link=self.link,
             state=self.state,
+            traces=store.traces,
         )
         self.listener = Listener(
             tasks=store.tasks, config=config, link=self.link, alarm=self.alarm, state=self.state

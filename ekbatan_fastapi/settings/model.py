@@ -144,6 +144,11 @@ class JobsSettings(SettingsSection):
     """Modules imported at startup so that their ``@distributed_job`` classes are found."""
     metrics: bool = False
     """Collect Prometheus metrics (the ``[metrics]`` extra); ``metrics_router`` serves them."""
+    opentelemetry: bool = False
+    """Trace every execution with OpenTelemetry (the ``[otel]`` extra, docs/opentelemetry.md);
+    off: opentelemetry is never imported by Ekbatan."""
+    opentelemetry_statements: bool = False
+    """Also a span per poll and completion statement (needs ``opentelemetry: true``)."""
     app_version: str | None = None
     """The application's version, written with the job definitions: during a rolling deploy
     an older version never changes what a newer one wrote."""

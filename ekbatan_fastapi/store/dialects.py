@@ -30,6 +30,7 @@ from .postgresql.database import PostgresDatabase
 from .postgresql.tasks import PostgresTaskStore
 from .tables import DEFAULT_TABLE_NAME, Tables
 from .tasks import TaskStore
+from .traces import TraceStore
 
 __all__ = ["DIALECTS", "Dialect", "Store", "dialect", "open_store", "register_dialect"]
 
@@ -89,6 +90,12 @@ class Store:
     tasks: TaskStore
     operations: OperationsStore
     jobs: JobsStore
+    traces: TraceStore = field(default=None)  # type: ignore[assignment]
+    """The trace contexts of scheduled one-time tasks (built from ``db`` when not given)."""
+
+    def __post_init__(self) -> None:
+        if self.traces is None:
+            object.__setattr__(self, "traces", TraceStore(self.db))
 
     @property
     def tables(self) -> Tables:

@@ -47,6 +47,7 @@ __all__ = [
     "JOBS",
     "PAUSED",
     "TASK_NAME_INDEX",
+    "TRACE_CONTEXT",
     "Tables",
     "UTCDateTime",
     "create_schema",
@@ -64,6 +65,8 @@ INSTANCES = "ekbatan_scheduler_instances"
 JOBS = "ekbatan_jobs"
 TASK_NAME_INDEX = "ekbatan_task_name_priority_idx"
 """Our index on ``scheduled_tasks`` (migration V0004)."""
+TRACE_CONTEXT = "ekbatan_trace_context"
+"""The trace context a one-time task was scheduled in (migration V0005, OpenTelemetry)."""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 
 
@@ -259,6 +262,16 @@ class Tables:
             Index("ekbatan_jobs_written_at_idx", "written_at"),
             schema=schema,
         )
+        self.traces = Table(
+            TRACE_CONTEXT,
+            self.meta,
+            Column("task_name", _key(), primary_key=True),
+            Column("task_instance", _key(), primary_key=True),
+            Column("traceparent", _text(55), nullable=False),
+            Column("tracestate", _text(512)),
+            Column("created_at", timestamp(), nullable=False),
+            schema=schema,
+        )
 
     @property
     def operations(self) -> tuple[Table, Table, Table]:
@@ -267,8 +280,8 @@ class Tables:
 
     @property
     def ours(self) -> tuple[Table, ...]:
-        """Every table of ours (V0002, V0003)."""
-        return (*self.operations, self.jobs)
+        """Every table of ours (V0002, V0003, V0005)."""
+        return (*self.operations, self.jobs, self.traces)
 
     def migration_of(self, table_name: str) -> str:
         """The shipped migration that creates ``table_name`` (for error messages)."""
@@ -276,6 +289,8 @@ class Tables:
             return "V0002__ekbatan_operations"
         if table_name == JOBS:
             return "V0003__ekbatan_jobs"
+        if table_name == TRACE_CONTEXT:
+            return "V0005__ekbatan_trace_context"
         return "V0001__create_scheduled_tasks"
 
 
@@ -290,13 +305,13 @@ async def create_schema(
     engine: AsyncEngine, table_name: str = DEFAULT_TABLE_NAME, *, operations: bool = True
 ) -> bool:
     """Create db-scheduler's table and (unless ``operations=False``) our own tables
-    (execution history, paused tasks, scheduler instances, job definitions), each only if it
-    is missing. True if anything was created.
+    (execution history, paused tasks, scheduler instances, job definitions, trace contexts),
+    each only if it is missing. True if anything was created.
 
     Equivalent to applying ``migrations/<dialect>/V0001__create_scheduled_tasks.sql``,
-    ``V0002__ekbatan_operations.sql``, ``V0003__ekbatan_jobs.sql`` and
-    ``V0004__ekbatan_task_name_index.sql``: on a ``scheduled_tasks`` made before V0004, our
-    index is added.
+    ``V0002__ekbatan_operations.sql``, ``V0003__ekbatan_jobs.sql``,
+    ``V0004__ekbatan_task_name_index.sql`` and ``V0005__ekbatan_trace_context.sql``: on a
+    ``scheduled_tasks`` made before V0004, our index is added.
     """
     tables = Tables(table_name)
     wanted = [tables.tasks, *(tables.ours if operations else ())]

@@ -309,8 +309,8 @@ class TaskStore(abc.ABC):
         """``upsert`` inside the caller's transaction (it commits or rolls back with it)."""
 
     @abc.abstractmethod
-    async def insert_missing_on(self, caller: Caller, tasks: Sequence[NewTask]) -> int:
-        """``insert_missing`` inside the caller's transaction; how many rows it inserted."""
+    async def insert_missing_on(self, caller: Caller, tasks: Sequence[NewTask]) -> list[TaskKey]:
+        """``insert_missing`` inside the caller's transaction; the keys it inserted."""
 
     async def notify_on(self, caller: Caller, execution_time: datetime | None) -> None:
         """``notify`` inside the caller's transaction (sent when it commits)."""

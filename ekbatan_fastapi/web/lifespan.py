@@ -73,6 +73,11 @@ def build_registry(
                 "(overrides spell job names like settings keys): rename one"
             )
         by_key[key] = job.name()
+    if knobs.opentelemetry_statements and not knobs.opentelemetry:
+        raise ConfigurationError(
+            "ekbatan.jobs.opentelemetry-statements is true but ekbatan.jobs.opentelemetry is "
+            "not: statement spans are part of the tracing; set opentelemetry: true as well"
+        )
     unknown = sorted(set(knobs.overrides) - set(by_key))
     if unknown:
         raise ConfigurationError(
@@ -98,6 +103,10 @@ def build_registry(
             from ..metrics import EkbatanMetrics
 
             b.observer(EkbatanMetrics())
+        if knobs.opentelemetry:
+            from ..otel import EkbatanTracing
+
+            b.observer(EkbatanTracing(statements=knobs.opentelemetry_statements))
 
     builder = (
         job_registry()

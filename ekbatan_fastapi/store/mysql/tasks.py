@@ -204,7 +204,7 @@ class MySQLTaskStore(TaskStore):
                 raise
         return replace and await caller.rowcount(self._replace, params) == 1
 
-    async def insert_missing_on(self, caller: Caller, tasks: Sequence[NewTask]) -> int:
+    async def insert_missing_on(self, caller: Caller, tasks: Sequence[NewTask]) -> list[TaskKey]:
         """Row by row once the caller's transaction lost a race (a duplicate key), since the
         whole set cannot be retried here."""
         unique: dict[TaskKey, NewTask] = {}
@@ -217,7 +217,7 @@ class MySQLTaskStore(TaskStore):
             existing.update((r[0], r[1]) for r in result)
         missing = [key for key in keys if key not in existing]
         if not missing:
-            return 0
+            return []
         now: datetime | None = None
         if any(unique[key].execution_time is None for key in missing):
             now = (await caller.execute(select(self.db.now_expr()))).scalar_one()
@@ -229,11 +229,11 @@ class MySQLTaskStore(TaskStore):
             rows.append(row)
         try:
             await caller.execute(insert(self.table), rows)
-            return len(missing)
+            return sorted(missing)
         except DBAPIError as error:
             if errno(error) != ER_DUP_ENTRY:
                 raise
-        inserted = 0
+        inserted: list[TaskKey] = []
         for key in missing:
             try:
                 await caller.execute(insert(self.table).values(self._values(unique[key])))
@@ -241,8 +241,8 @@ class MySQLTaskStore(TaskStore):
                 if errno(error) != ER_DUP_ENTRY:
                     raise
             else:
-                inserted += 1
-        return inserted
+                inserted.append(key)
+        return sorted(inserted)
 
     # -- the hot path -----------------------------------------------------------------------
 

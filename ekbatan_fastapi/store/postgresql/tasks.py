@@ -189,11 +189,11 @@ class PostgresTaskStore(TaskStore):
         result = await caller.execute(self._upsert[replace], self._upsert_params(task))
         return bool(result.fetchall())
 
-    async def insert_missing_on(self, caller: Caller, tasks: Sequence[NewTask]) -> int:
+    async def insert_missing_on(self, caller: Caller, tasks: Sequence[NewTask]) -> list[TaskKey]:
         if not tasks:
-            return 0
+            return []
         result = await caller.execute(self._insert_missing, self._insert_params(tasks))
-        return len(result.fetchall())
+        return sorted((r[0], r[1]) for r in result.fetchall())
 
     async def notify_on(self, caller: Caller, execution_time: datetime | None) -> None:
         payload = "" if execution_time is None else str(execution_time.timestamp())
