@@ -1,5 +1,6 @@
-"""PNG charts for docs/BENCHMARKS.md from run_all.py's results JSON (needs matplotlib: run it
-with the peers' environment, ``bench/.venv-peers/bin/python bench/charts.py RESULTS OUTDIR``).
+"""PNG charts for docs/BENCHMARKS.md from run_all.py's results JSON, or history_growth.py's
+(needs matplotlib: run it with the peers' environment,
+``bench/.venv-peers/bin/python bench/charts.py RESULTS OUTDIR``).
 """
 
 from __future__ import annotations
@@ -126,6 +127,68 @@ def failover_chart(results: dict[str, Any], out: Path) -> Path | None:
     return path
 
 
+def history_growth_chart(results: dict[str, Any], out: Path) -> Path | None:
+    """``bench/history_growth.py --json``'s results: the drain rates without and during
+    retention, the retention statements' p99 and max against the 1 s bound, the history
+    page's p99 per case."""
+    if "retention" not in results or "rounds" not in results:
+        return None
+    fig, (rates, statements, pages) = plt.subplots(1, 3, figsize=(15, 4.6))
+    colors = {"alone": "#1f77b4", "during retention": "#d62728", "after": "#2ca02c"}
+    rounds = results["rounds"]
+    rates.bar(
+        range(len(rounds)),
+        [r["rate"] for r in rounds],
+        color=[colors.get(r["phase"], "#7f7f7f") for r in rounds],
+    )
+    rates.set_xticks(range(len(rounds)))
+    short = {"alone": "before", "during retention": "during", "after": "after"}
+    rates.set_xticklabels(
+        [short.get(r["phase"], "ended\nduring") for r in rounds], fontsize=7, rotation=60
+    )
+    rates.set_ylabel("executions/s (drain of due rows)")
+    rates.set_title("Claim/complete rate before, during and after retention", fontsize=9)
+    ret = results["retention"]
+    kinds = ["edge read", "range delete", "batch"]
+    xs = list(range(len(kinds)))
+    statements.bar([x - 0.2 for x in xs], [ret[k]["p99_ms"] or 0 for k in kinds], 0.4, label="p99")
+    statements.bar([x + 0.2 for x in xs], [ret[k]["max_ms"] or 0 for k in kinds], 0.4, label="max")
+    statements.axhline(1000, color="#d62728", linestyle="--", linewidth=1, label="1 s bound")
+    statements.set_xticks(xs)
+    statements.set_xticklabels(kinds, fontsize=8)
+    statements.set_yscale("log")
+    statements.set_ylabel("ms")
+    statements.set_title(
+        f"Retention: {ret['pruned']:,} records, {ret['batches']} batches", fontsize=9
+    )
+    statements.legend(fontsize=7)
+    shown = results["pages"]
+    labels = [
+        f"{r['case'].replace(', first page', '')}, {r['statement']}, {r['plan']}" for r in shown
+    ]
+    ys = [max(r["p99_ms"], 0.01) for r in shown]
+    bars = pages.barh(
+        range(len(shown)),
+        ys,
+        color=["#1f77b4" if r["statement"] == "now" else "#ff7f0e" for r in shown],
+    )
+    pages.bar_label(bars, labels=[f"{y:,.1f}" for y in ys], fontsize=6, padding=2)
+    pages.axvline(50, color="#d62728", linestyle="--", linewidth=1)
+    pages.set_yticks(range(len(shown)))
+    pages.set_yticklabels(labels, fontsize=6)
+    pages.set_xscale("log")
+    pages.set_xlabel("history page p99, ms (goal 50 ms)")
+    pages.set_title(f"/jobs/{{name}}/history at {results['rows']:,} records", fontsize=9)
+    fig.tight_layout()
+    server = results["info"].get("server", "").lower()
+    generic = any(r["plan"] == "generic" for r in results["pages"])  # PostgreSQL's alone
+    dialect = "mariadb" if "maria" in server else "postgresql" if generic else "mysql"
+    path = out / f"history-growth-{dialect}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str]) -> int:
     results = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
@@ -136,6 +199,7 @@ def main(argv: list[str]) -> int:
             throughput_chart(results, out),
             lag_chart(results, out),
             failover_chart(results, out),
+            history_growth_chart(results, out),
         )
         if p is not None
     ]

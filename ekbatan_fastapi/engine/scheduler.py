@@ -9,7 +9,8 @@ It wires the loops, each an object that owns its state (see docs/architecture.md
 * the **housekeeper** heartbeats every running execution, revives dead executions and deletes
   unresolved rows;
 * the **listener** wakes the poller when any instance schedules work (PostgreSQL);
-* the **history recorder** writes the history where the completion does not;
+* the **history recorder** writes the history where the completion does not, and its
+  retention loop prunes it hourly in paced batches (off the housekeeper's round);
 * the **loop-lag monitor** reports a blocked event loop.
 
 The scheduler keeps the lifecycle: start, supervision (a loop that crashes is logged and
@@ -298,6 +299,7 @@ class Scheduler:
             "housekeeper": self.housekeeper.run,
             "loop-lag monitor": self.lag.run,
             "history writer": self.recorder.run,
+            "history retention": self.recorder.retain,
         }
         if self.config.listen and self.store.tasks.supports_notify:
             loops["listener"] = self.listener.run
@@ -361,7 +363,9 @@ class Scheduler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.recorder.leave(), timeout=timeout)
 
-        await asyncio.gather(self._cancel("housekeeper", "loop-lag monitor"), leave())
+        await asyncio.gather(
+            self._cancel("housekeeper", "loop-lag monitor", "history retention"), leave()
+        )
 
     async def _drain(self, name: str, timeout: float) -> None:
         """Let a loop that was told to close finish its work; cancel it after ``timeout``."""

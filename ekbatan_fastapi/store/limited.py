@@ -2,11 +2,11 @@
 ``concurrency_key()``), counted on the database.
 
 One transaction per poll: take each limited job's cluster lock (so that no two instances
-count at once), count the job's picked rows per key, lock due candidates (``SKIP LOCKED``
-where the dialect has it), keep those whose key still has room, and claim them (``picked``,
-``version + 1``, guarded by the version seen). Completions and revivals only ever lower the
-count, so they need no lock. Portable SQLAlchemy Core; the locks are the dialect's
-(``store/locks.py``).
+count at once; held until the claim committed), count the job's picked rows per key, lock
+due candidates (``SKIP LOCKED`` where the dialect has it), keep those whose key still has
+room, and claim them (``picked``, ``version + 1``, guarded by the version seen). Completions
+and revivals only ever lower the count, so they need no lock. Portable SQLAlchemy Core; the
+locks are the dialect's (``store/locks.py``).
 """
 
 from __future__ import annotations
@@ -56,14 +56,20 @@ async def poll_limited(
     limit; also the database's now and the earliest future due time of their rows."""
     db = tasks.db
     names = sorted(limits)
-    async with db.connect(db.tx_engine, begin=True) as conn:
-        held = await take_locks(
-            conn, [f"{db.tables.table_name}:{n}" for n in names], seconds=_LOCK_WAIT
-        )
+    async with db.connect(db.tx_engine) as conn:
+        held: list[str] = []
         try:
-            claimed = await _claim(tasks, conn, limits, limit, picked_by, skip_paused)
-            now, next_due = await _clock(tasks, conn, names, skip_paused)
+            async with conn.begin():
+                held = await take_locks(
+                    conn, [f"{db.tables.table_name}:{n}" for n in names], seconds=_LOCK_WAIT
+                )
+                claimed = await _claim(tasks, conn, limits, limit, picked_by, skip_paused)
+                now, next_due = await _clock(tasks, conn, names, skip_paused)
         finally:
+            # MySQL's GET_LOCK belongs to the session, not the transaction: released only
+            # after the claim committed, or the next instance would count the running rows
+            # before this claim is visible and take a place twice (PostgreSQL's transaction
+            # locks end with the commit; nothing to release).
             await release_locks(conn, held)
     return PollResult(claimed, now, next_due)
 

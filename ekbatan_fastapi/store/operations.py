@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, inspect, select
+from sqlalchemy import Select, delete, func, insert, inspect, select
 from sqlalchemy.exc import IntegrityError
 
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
@@ -105,16 +105,36 @@ class OperationsStore:
             for r in records
         ]
 
+    def history_query(
+        self, task_name: str | None, *, limit: int = 50, before_id: int | None = None
+    ) -> Select[Any]:
+        """The page ``history`` reads, newest first. Every task's: the primary key walked
+        backwards from ``before_id``. One task's: ``limit`` entries of
+        ``ekbatan_history_task_idx`` (task name, id) walked backwards, however big the table.
+
+        The name is matched as the range ``name <= task_name <= name`` and the page ordered by
+        (task name, id), not ``task_name = name ... ORDER BY id``: with the equality, both
+        PostgreSQL and MySQL may plan a backward walk of the primary key filtered by name
+        (ordered already, cheap for a task that runs often), which for a rare task (a daily job
+        beside a busy one, a job gone since last week) reads most of the table, and which a
+        generic plan picks for every name. Only the task index yields this order."""
+        h = self.tables.history
+        if task_name is None:
+            stmt = select(h).order_by(h.c.id.desc()).limit(limit)
+            return stmt if before_id is None else stmt.where(h.c.id < before_id)
+        stmt = (
+            select(h)
+            .where(h.c.task_name >= task_name, h.c.task_name <= task_name)
+            .order_by(h.c.task_name.desc(), h.c.id.desc())
+            .limit(limit)
+        )
+        return stmt if before_id is None else stmt.where(h.c.id < before_id)
+
     async def history(
         self, task_name: str | None, *, limit: int = 50, before_id: int | None = None
     ) -> list[ExecutionRecord]:
         """Newest first; page with ``before_id`` (the last id of the previous page)."""
-        h = self.tables.history
-        stmt = select(h).order_by(h.c.id.desc()).limit(limit)
-        if task_name is not None:
-            stmt = stmt.where(h.c.task_name == task_name)
-        if before_id is not None:
-            stmt = stmt.where(h.c.id < before_id)
+        stmt = self.history_query(task_name, limit=limit, before_id=before_id)
         return [
             ExecutionRecord(
                 id=r.id,
@@ -131,10 +151,39 @@ class OperationsStore:
             for r in await self.db.rows(stmt)
         ]
 
-    async def prune_history(self, older_than: timedelta) -> int:
-        cutoff = (await self.db.clock())[0] - older_than
+    async def history_cutoff(self, older_than: timedelta) -> datetime:
+        """The database's now minus ``older_than``: records finished before it are expired."""
+        return _aware((await self.db.clock())[0]) - older_than
+
+    async def prune_history_batch(
+        self, cutoff: datetime, after: datetime | None, limit: int
+    ) -> tuple[int, datetime | None]:
+        """Delete one batch of at most about ``limit`` records finished before ``cutoff`` (and
+        after ``after``, the edge of the previous batch), oldest first; returns how many went
+        and this batch's edge (None: nothing expired is left).
+
+        Two short statements, each its own transaction: an index-only read of the batch's
+        edge (the ``limit``-th expired ``finished_at`` past ``after``) on
+        ``ekbatan_history_finished_idx``, then a range delete up to it on the same index. Both
+        descend the index to ``after`` rather than walking from its start, so the entries of
+        rows deleted by earlier batches (dead until vacuum or purge) are never read again. Rows
+        finished at the very edge go in this batch (ties: it may hold a few more than
+        ``limit``)."""
         h = self.tables.history
-        return await self.db.rowcount(delete(h).where(h.c.finished_at < cutoff))
+        finished = h.c.finished_at
+        window = [finished < cutoff]
+        if after is not None:
+            window.append(finished > after)
+        edge_query = select(finished).where(*window).order_by(finished).offset(limit - 1).limit(1)
+        found = await self.db.rows(edge_query)
+        if found:
+            edge: datetime | None = _aware(found[0][0])
+            upto = finished <= edge
+        else:
+            edge, upto = None, finished < cutoff
+        bounds = [upto] if after is None else [finished > after, upto]
+        deleted = await self.db.rowcount(delete(h).where(*bounds))
+        return deleted, edge
 
     # -- rows no instance runs -------------------------------------------------------------
 
