@@ -19,6 +19,7 @@ from .domain.context import ExecutionContext, HeartbeatState
 from .domain.errors import (
     ConfigurationError,
     DatabaseTimeout,
+    DatabaseUnavailable,
     EkbatanError,
     ExecutionSuperseded,
     JobTimedOut,
@@ -32,6 +33,7 @@ from .domain.errors import (
 )
 from .domain.failure import ExponentialBackoff, FailureHandler, MaxRetries, RetryLater
 from .domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, distributed_job
+from .domain.logs import TaskLogFilter
 from .domain.records import ExecutionRecord, InstanceInfo, Outcome, PauseInfo
 from .domain.rows import PollingStrategy
 from .domain.schedules import Jittered, Schedule, Schedules, parse_schedule
@@ -106,6 +108,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "ConfigurationError",
     "ConnectionProvider",
     "DatabaseTimeout",
+    "DatabaseUnavailable",
     "DistributedJob",
     "EkbatanError",
     "ExecutionContext",
@@ -142,6 +145,7 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "Schedules",
     "SchemaMissingError",
     "SystemClock",
+    "TaskLogFilter",
     "TaskDataError",
     "TaskDataInvalid",
     "TaskNotFoundError",

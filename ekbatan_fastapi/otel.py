@@ -24,7 +24,6 @@ only then by the FastAPI integration), so the core never needs it.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .domain.errors import ConfigurationError
+from .domain.logs import library_logger
 from .domain.records import Outcome
 from .domain.version import VERSION
 from .engine.observer import ExecutionFinished, ExecutionStarted, SchedulerObserver
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["INSTRUMENTATION_NAME", "EkbatanTracing"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 INSTRUMENTATION_NAME = "ekbatan_fastapi"
 """The tracer's (instrumentation scope's) name."""

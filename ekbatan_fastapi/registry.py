@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from types import TracebackType
@@ -17,6 +16,7 @@ from .domain.clock import Clock
 from .domain.errors import ConfigurationError
 from .domain.job import DistributedJob, Job, OneTimeJob
 from .domain.limits import JobOverride, check_overrides, resolve_limits
+from .domain.logs import library_logger
 from .domain.schedules import Schedule
 from .domain.text import MAX_NAME_LENGTH, is_valid_name
 from .engine.config import SchedulerConfig
@@ -30,7 +30,7 @@ from .store.tables import DEFAULT_TABLE_NAME, validate_table_name
 
 __all__ = ["JobRegistry", "JobRegistryBuilder", "SchedulerBuilder", "job_registry"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 ConnectionSource = str | URL | AsyncEngine | ConnectionProvider
 

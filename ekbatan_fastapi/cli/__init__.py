@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from ..domain.errors import (
     ConfigurationError,
+    DatabaseUnavailable,
     EkbatanError,
     ScheduleError,
     SchemaMissingError,
@@ -52,6 +53,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         return out.fail(EXIT.UNKNOWN_TASK, str(error))
     except (TaskPickedError, TaskPausedError) as error:
         return out.fail(EXIT.CONFLICT, str(error))
+    except DatabaseUnavailable as error:  # it names where already
+        return out.fail(EXIT.UNREACHABLE, f"lost the database: {error}")
     except EkbatanError as error:
         return out.fail(EXIT.FAILED, str(error))
     except (OSError, TimeoutError) as error:

@@ -30,6 +30,7 @@ from ..domain.text import validate_name
 from ..store.dialects import Store
 from ..store.external import Caller
 from .backfill import BackfillResult, backfill
+from .explain import explain_failure
 from .forced import forced_elsewhere
 from .local import LocalScheduler
 from .traced import Carrier, SchedulingTraces
@@ -272,16 +273,7 @@ class SchedulerClient:
             await self._explain_failure(job_name, instance_id, "cancelled")
 
     async def _explain_failure(self, job_name: str, instance_id: str, verb: str) -> None:
-        row = await self._tasks.get(job_name, instance_id)
-        where = f"{job_name}/{instance_id}"
-        if row is None:
-            raise TaskNotFoundError(f"no task instance {where} is scheduled")
-        if row.picked:
-            raise TaskPickedError(
-                f"{where} is running right now on {row.picked_by}; it cannot be {verb} until "
-                "it finishes"
-            )
-        raise TaskPickedError(f"{where} changed concurrently and was not {verb}; try again")
+        await explain_failure(self._tasks, self._jobs, job_name, instance_id, verb)
 
     # -- running now ---------------------------------------------------------------------
 
@@ -326,7 +318,7 @@ class SchedulerClient:
         if not await self._ops.look():
             raise SchemaMissingError(
                 "the operations tables (execution history, paused tasks, instances) are "
-                "missing: run `ekbatan-jobs migrate` (it applies "
+                "missing: run `ekbatan-jobs migrate` (it applies ekbatan_fastapi/migrations/"
                 f"{self._store.db.migrations_folder}/V0002__ekbatan_operations.sql) or call "
                 "`await ekbatan_fastapi.create_schema(engine)`"
             )

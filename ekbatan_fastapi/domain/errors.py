@@ -35,7 +35,14 @@ class TaskPausedError(EkbatanError):
     """The task is paused cluster-wide; the action needs ``force=True`` or a resume first."""
 
 
-class DatabaseTimeout(EkbatanError, TimeoutError):
+class DatabaseUnavailable(EkbatanError, ConnectionError):
+    """The jobs database cannot be reached: a wrong host, a refused or lost connection, or no
+    answer in time (``DatabaseTimeout``). The message names where (``backend://host:port/db``,
+    never the password); the driver's error is the ``__cause__``. The scheduler's loops retry
+    by themselves; a call of the client raises it."""
+
+
+class DatabaseTimeout(DatabaseUnavailable, TimeoutError):
     """A statement got no answer within ``statement_timeout``; its connection was discarded
     (it may have died without a reset). The scheduler's loops retry on a new connection."""
 

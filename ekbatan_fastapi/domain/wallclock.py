@@ -192,6 +192,8 @@ def _validate_cron(expression: str) -> None:
             f"cron expression {expression!r} uses '|', hashed (H) or random (R) fields, "
             "which are not supported: every instance must compute the same slots"
         )
+    if not expression.startswith("@"):
+        _check_fields(expression)
     try:
         probe = croniter(expression, _CRON_PROBE_START, ret_type=datetime, second_at_beginning=True)
         probe.get_next(datetime)
@@ -199,6 +201,76 @@ def _validate_cron(expression: str) -> None:
         raise ScheduleError(f"cron expression {expression!r} never matches a date") from None
     except Exception as exc:  # croniter raises assorted exception types for bad input
         raise ScheduleError(f"invalid cron expression {expression!r}: {exc}") from None
+
+
+_CRON_FIELDS = (
+    ("second", 0, 59),
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day-of-month", 1, 31),
+    ("month", 1, 12),
+    ("weekday", 0, 7),
+)
+_NUMERIC_ITEM = re.compile(r"(\*|\d+|\d+-\d+)(?:/(\d+))?")
+
+
+def _looks_like_seconds_last(fields: list[str]) -> bool:
+    """Six fields, every second, and a last field that is no plausible weekday: croniter's
+    own six-field order (seconds last) written for ours (seconds first)."""
+    last = fields[-1]
+    return (
+        len(fields) == 6
+        and fields[0] == "*"
+        and ("/" in last or any(int(n) > 7 for n in re.findall(r"\d+", last)))
+    )
+
+
+def _check_fields(expression: str) -> None:
+    """Each field on its own, named as the user wrote it: values and steps in range (croniter
+    accepts ``*/61`` seconds), then what croniter makes of the field alone (names, ``L``,
+    ``W``, ``#``)."""
+    fields = expression.split()
+    bad = f"invalid cron expression {expression!r}:"
+    if _looks_like_seconds_last(fields):
+        order = " ".join([fields[-1], *fields[:-1]])
+        raise ScheduleError(
+            f"{bad} its last field {fields[-1]!r} looks like seconds, "
+            "but six fields read second minute hour day-of-month month weekday (seconds first, "
+            f"as in db-scheduler and Spring; croniter's seconds-last order is not used): write "
+            f"{order!r}"
+        )
+    spec = _CRON_FIELDS[-len(fields) :]
+    for text, (name, low, high) in zip(fields, spec, strict=True):
+        for item in text.split(","):
+            match = _NUMERIC_ITEM.fullmatch(item)
+            if match is None:
+                continue  # names, L, W, #, ?: croniter judges them below
+            values, step = match.groups()
+            for number in re.findall(r"\d+", values):
+                if not low <= int(number) <= high:
+                    raise ScheduleError(
+                        f"{bad} {number} in the {name} field {text!r} "
+                        f"is out of range; {name} values go from {low} to {high}"
+                    )
+            if step is not None and not 1 <= int(step) <= high:
+                raise ScheduleError(
+                    f"{bad} the step /{step} in the {name} field "
+                    f"{text!r} is out of range; {name} steps go from 1 to {high}"
+                )
+    for index, (text, (name, _, _)) in enumerate(zip(fields, spec, strict=True)):
+        alone = ["*"] * len(fields)
+        alone[index] = text
+        try:
+            croniter(" ".join(alone), _CRON_PROBE_START, second_at_beginning=True)
+        except Exception:  # croniter's message shows its own field order: ours is clearer
+            raise ScheduleError(
+                f"{bad} the {name} field {text!r} is not valid; use "
+                "numbers, ranges (1-5), lists (1,3), steps (*/15, 0-30/5)"
+                + {"month": ", names (JAN)", "weekday": ", names (MON), 5#3 (third Friday)"}.get(
+                    name, ""
+                )
+                + (", L or W (15W)" if name == "day-of-month" else "")
+            ) from None
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,11 @@ the observers; a write that fails is retried with backoff until it gets an answe
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..domain.job import RECURRING_INSTANCE
+from ..domain.logs import library_logger
 from ..domain.records import ExecutionRecord
 from ..domain.rows import Finish, FinishKind, TaskKey
 from ..store.tasks import HistoryTableMissing, HistoryUnwritable, TaskStore
@@ -26,7 +26,7 @@ from .slots import SlotCounter
 
 __all__ = ["Completer"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 MAX_BATCH = 1000
 """Results per completion statement."""

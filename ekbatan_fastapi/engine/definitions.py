@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime, timedelta
@@ -21,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from ..domain.catchup import CatchUp
 from ..domain.job import DistributedJob, Job
 from ..domain.limits import JobLimits
+from ..domain.logs import library_logger
 from ..domain.records import JobDefinition
 from ..domain.rollout import Decision, decide
 from ..domain.schedules import Schedule, parse_schedule
@@ -29,7 +29,7 @@ from .config import SchedulerConfig
 
 __all__ = ["PRE_COMPLETION_MAX_AGE", "Definitions", "definition_of", "fingerprint"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 PRE_COMPLETION_MAX_AGE = 1.0
 """Seconds the stored definitions may be old when a recurring job's run is recorded."""

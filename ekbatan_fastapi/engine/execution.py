@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -13,6 +12,7 @@ from ..domain.codec import TaskDataInvalid
 from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.failure import ExponentialBackoff, FailureHandler
 from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, data_model_of
+from ..domain.logs import library_logger
 from ..domain.records import ExecutionRecord, outcome_of
 from ..domain.rows import PARKED_TIME, Finish, FinishKind, Owned, TaskRow
 from ..domain.text import storable
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Execution"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 BACKFILL_RETRY = ExponentialBackoff(timedelta(seconds=10), rate=2.0, maximum=timedelta(hours=1))
 """How a failed backfilled slot is retried (db-scheduler's one-time default is five minutes;

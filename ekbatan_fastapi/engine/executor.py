@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -18,6 +17,7 @@ from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.errors import ExecutionSuperseded, JobTimedOut
 from ..domain.job import RECURRING_INSTANCE, Job
 from ..domain.limits import JobLimits
+from ..domain.logs import bind_log_context, library_logger
 from ..domain.rows import Finish, FinishKind, TaskRow
 from ..domain.schedules import Schedule
 from .config import SchedulerConfig
@@ -30,7 +30,7 @@ from .timeouts import Abandoned, TimeoutRunner
 
 __all__ = ["Executor"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 
 class Executor:
@@ -135,6 +135,10 @@ class Executor:
         return True
 
     async def _run(self, execution: Execution) -> None:
+        row = execution.row  # every record logged while it runs names it (its own task)
+        bind_log_context(
+            task_name=row.task_name, task_instance=row.task_instance, scheduler=self.name
+        )
         began = self.config.clock.monotonic()
         try:
             async with self.observer.execution_scope(execution):  # e.g. its span (otel)
@@ -240,7 +244,7 @@ class Executor:
         """A plain ``def`` job in a worker thread; its timeout is cooperative."""
         disarm = self._timer.arm(execution, timeout) if timeout is not None else None
         try:
-            # in the task's context: what an observer's execution_scope made current
+            # in the task's context: the row's log fields, what an observer's scope made current
             await asyncio.get_running_loop().run_in_executor(
                 self._thread_pool(), contextvars.copy_context().run, execution.job.execute, ctx
             )

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import socket
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from ..domain.logs import library_logger
 from ..domain.records import ExecutionRecord
 from ..domain.rows import Finish
 from ..domain.version import VERSION
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HistoryRecorder"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 _MAX_BATCH = 1000
 _LINGER = 0.1
@@ -90,7 +90,8 @@ class HistoryRecorder:
             log.warning(
                 "scheduler %s: the operations tables (%s) are missing, so execution history, "
                 "pause/resume and the live-instance list are off; run `ekbatan-jobs migrate` "
-                "(it applies %s/V0002__ekbatan_operations.sql) or call create_schema(engine)",
+                "(it applies ekbatan_fastapi/migrations/%s/V0002__ekbatan_operations.sql, "
+                "installed with the package) or call create_schema(engine)",
                 self.name,
                 ", ".join(t.name for t in self.ops.tables.operations),
                 self.ops.db.migrations_folder,

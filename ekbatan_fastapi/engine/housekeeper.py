@@ -6,10 +6,10 @@ whose task is gone."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
+from ..domain.logs import library_logger
 from ..store.tasks import TaskStore
 from ..store.traces import TraceStore
 from .alarm import Alarm
@@ -23,7 +23,7 @@ from .running import RunningExecutions, RunState
 
 __all__ = ["Housekeeper"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 _DEATH_MARGIN = 0.005
 """Seconds after the next death to look (the comparison in SQL is strict)."""
@@ -74,6 +74,7 @@ class Housekeeper:
         self.next_death: datetime | None = None
         """When the next picked row would be dead (database time): check for it then."""
         self._last_maintenance = -1e9
+        self._warned_unknown: set[str] = set()
 
     async def run(self) -> None:
         """A round per heartbeat interval; in between, a dead-execution check at the moment
@@ -227,4 +228,34 @@ class Housekeeper:
                 deleted,
                 self.config.delete_unresolved_after,
                 extra={"scheduler": self.name},
+            )
+        await self.warn_unknown()
+
+    async def warn_unknown(self) -> None:
+        """Warn once per task name about rows no live instance runs: unpicked, overdue by more
+        than the dead window, of a name this instance does not know (a live instance that
+        knew it would have claimed them)."""
+        try:
+            found = await self.history.ops.overdue_unknown(self.known, self.config.dead_after)
+            paused = set(await self.history.ops.paused()) if self.history.available else set()
+        except Exception as error:
+            self.link.failed(error, "housekeeping (rows of unknown tasks)")
+            return
+        for name, count, oldest in found:
+            if name in paused or name in self._warned_unknown:
+                continue
+            self._warned_unknown.add(name)
+            log.warning(
+                "%d rows of task %r have been due since %s and no live instance runs them: "
+                "no job of that name is registered here, and no other instance claimed them "
+                "within %s. Register the job (its module in ekbatan.jobs.modules, "
+                "EKBATAN_JOBS__MODULES) or delete the rows (`ekbatan-jobs list %s` shows them); "
+                "rows of unknown tasks are deleted after %s (delete_unresolved_after)",
+                count,
+                name,
+                oldest.isoformat(),
+                self.config.dead_after,
+                name,
+                self.config.delete_unresolved_after,
+                extra={"task_name": name, "scheduler": self.name},
             )

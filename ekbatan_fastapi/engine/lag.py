@@ -8,9 +8,11 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from ..domain.logs import library_logger
+
 __all__ = ["LoopLagMonitor"]
 
-log = logging.getLogger("ekbatan_fastapi.scheduler")
+log = library_logger("ekbatan_fastapi.scheduler")
 
 
 class LoopLagMonitor:

@@ -11,17 +11,17 @@ failover-like error (``moved``), on which the listener reconnects.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from ..domain.clock import Clock
+from ..domain.logs import library_logger
 from ..store.database import Diagnosis
 from .observer import ObserverDispatch
 
 __all__ = ["FAILOVER_CONDITIONS", "DatabaseLink"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 _LOG_EVERY = 60.0
 """Seconds between error lines while the database stays unreachable."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from datetime import datetime
 
+from ..domain.logs import library_logger
 from ..store.tasks import TaskStore
 from .alarm import Alarm
 from .backoff import Backoff
@@ -24,7 +24,7 @@ from .running import RunState
 
 __all__ = ["Listener"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 _STABLE = 5.0
 """Seconds a LISTEN connection must have lasted for its loss to restart the backoff."""

@@ -18,7 +18,6 @@ task). A scheduler whose observers override none of them pays one ``nullcontext`
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
@@ -28,6 +27,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..domain.job import RECURRING_INSTANCE, OneTimeJob
+from ..domain.logs import library_logger
 from ..domain.records import Outcome, outcome_of
 from ..domain.rows import FinishKind
 
@@ -45,7 +45,7 @@ __all__ = [
     "started_event",
 ]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 _NO_SCOPE = contextlib.nullcontext()
 """What a scope is where no observer makes one (reusable, sync and async)."""

@@ -3,10 +3,10 @@ earliest known due time or the polling interval, whichever is sooner."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
+from ..domain.logs import library_logger
 from ..domain.rows import PollingStrategy, PollResult
 from ..store.limited import Limit, poll_limited
 from ..store.tasks import TaskStore
@@ -21,7 +21,7 @@ from .running import RunningExecutions, RunState
 
 __all__ = ["CLAIM_CHUNK", "Poller"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 CLAIM_CHUNK = 100
 """Rows one poll statement claims at most; with more room the poller polls again at once. When

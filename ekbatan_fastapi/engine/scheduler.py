@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -31,6 +30,7 @@ from ..domain.catchup import CatchUp
 from ..domain.errors import ConfigurationError
 from ..domain.job import DistributedJob, Job, schedule_of
 from ..domain.limits import JobLimits, resolve_limits
+from ..domain.logs import bind_log_context, library_logger
 from ..domain.rows import PollingStrategy, TaskKey, TaskRow
 from ..domain.schedules import Schedule
 from ..store.limited import Limit
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Scheduler"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 
 def _strategy(config: SchedulerConfig, store: Store) -> PollingStrategy:
@@ -398,6 +398,7 @@ class Scheduler:
 
     async def _supervise(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Run a loop; if it crashes, log it, count it, and restart it after a backoff."""
+        bind_log_context(scheduler=self.name)  # this loop's task: its records name us
         backoff = Backoff(self.config.polling_interval.total_seconds())
         while True:
             try:

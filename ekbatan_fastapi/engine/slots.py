@@ -5,8 +5,7 @@ written to the history (outcome ``skipped``)."""
 
 from __future__ import annotations
 
-import logging
-
+from ..domain.logs import library_logger
 from ..domain.rows import Finish, FinishKind
 from ..store.jobs import JobsStore
 from .execution import Execution
@@ -15,7 +14,7 @@ from .observer import ObserverDispatch
 
 __all__ = ["SlotCounter"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 _MAX_PENDING = 10_000
 """Jobs with unwritten counts kept while the database refuses them (then they are dropped)."""

@@ -7,13 +7,12 @@ without changing anything (``ekbatan-jobs plan``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..domain.errors import SchemaMissingError
 from ..domain.job import RECURRING_INSTANCE, Job
+from ..domain.logs import library_logger
 from ..domain.records import JobDefinition
 from ..domain.rollout import Decision
 from ..domain.rows import NewTask, TaskKey, TaskRow
@@ -30,7 +29,7 @@ from .running import RunState
 
 __all__ = ["PlannedChange", "Startup"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 RESCHEDULE_GUARD = timedelta(seconds=10)
 """A row due within this long is not moved by a changed schedule (it is about to run)."""
@@ -86,11 +85,7 @@ class Startup:
                 await self.create_recurring_rows()
                 if await self.history.check():
                     await self.history.report_instance(self.state.started_at or self.link.now())
-            except SchemaMissingError as error:
-                self.link.answered()
-                self.link.report("schema-missing", str(error))
-                log.error("scheduler %s: %s", self.name, error, extra={"scheduler": self.name})
-            except Exception as error:
+            except Exception as error:  # a missing table too: logged once, then once a minute
                 self.link.failed(error, "startup")
             else:
                 self.state.ready.set()

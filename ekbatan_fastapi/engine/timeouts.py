@@ -9,18 +9,18 @@ heartbeated until the execution has really ended, so the next slot never overlap
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 from ..domain.errors import JobTimedOut
+from ..domain.logs import library_logger
 from .execution import Execution
 from .logs import log_extra
 
 __all__ = ["Abandoned", "TimeoutRunner"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 
 class Abandoned(Exception):

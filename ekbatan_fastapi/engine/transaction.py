@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..domain.errors import ConfigurationError, DatabaseTimeout, ExecutionSuperseded
+from ..domain.logs import library_logger
 from ..domain.rows import Finish
 from ..store.external import Caller
 from ..store.operations import OperationsStore
@@ -31,7 +31,7 @@ from .link import DatabaseLink
 
 __all__ = ["SlotTransaction"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 
 class SlotTransaction:

@@ -38,6 +38,7 @@ from pydantic_settings import (
 from ..domain.durations import parse_iso_duration
 from ..domain.errors import ConfigurationError
 from ..engine.config import DEFAULT_RESULTS_WAIT, MIN_MISSED_HEARTBEATS
+from ..engine.logs import LOG_HANDLER_MODES
 from ..store.options import DEFAULT_IDLE_TRANSACTION_TIMEOUT, validate_pooler
 from .datasource import DataSourceConfig
 from .keys import SettingsSection, canonical_key, canonical_mapping, display_key
@@ -167,6 +168,21 @@ class JobsSettings(SettingsSection):
     """MySQL/MariaDB session bounds of the jobs pool (``PT0S``: leave the server's settings)."""
     shutdown_results_wait: IsoDuration = timedelta(seconds=DEFAULT_RESULTS_WAIT)
     """At shutdown, how long the database may take to record the last results."""
+
+    log_handler: str = "auto"
+    """``auto``: when nothing receives the library's log records (no root handler, none on
+    ``ekbatan_fastapi``), hand them to uvicorn's or gunicorn's handlers, or stderr;
+    ``none``: leave logging alone (docs/logging.md)."""
+
+    @field_validator("log_handler", mode="before")
+    @classmethod
+    def _known_log_handler(cls, value: Any) -> str:
+        if value not in LOG_HANDLER_MODES:
+            raise ValueError(
+                f"is {value!r}; use auto (the server's log handlers when nothing else receives "
+                "the library's records) or none (leave logging alone)"
+            )
+        return str(value)
 
     @field_validator("pooler", mode="before")
     @classmethod

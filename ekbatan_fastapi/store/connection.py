@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import Any
 
 from sqlalchemy import event
@@ -17,6 +16,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..domain.errors import ConfigurationError
+from ..domain.logs import library_logger
 from .dialects import DIALECTS, Dialect
 from .options import PoolOptions, validate_pooler
 
@@ -33,7 +33,7 @@ DEFAULT_POOL_SIZE = 5
 DEFAULT_DISPOSE_TIMEOUT = 5.0
 """Seconds ``ConnectionProvider.dispose`` waits for the pool's polite close."""
 
-log = logging.getLogger("ekbatan_fastapi.store")
+log = library_logger("ekbatan_fastapi.store")
 
 
 def supported_urls() -> tuple[str, ...]:

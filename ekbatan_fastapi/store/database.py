@@ -21,7 +21,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import ColumnElement, Executable
 
-from ..domain.errors import DatabaseTimeout, SchemaMissingError
+from ..domain.errors import DatabaseTimeout, DatabaseUnavailable, SchemaMissingError
+from .external import describe_url
 from .lease import Lease, discard_connection, distrust_pool
 from .tables import Tables, quote_table
 
@@ -100,6 +101,8 @@ class Database(abc.ABC):
         )
         """For the statements that need a transaction of their own (real BEGIN ... COMMIT,
         also when the application handed over an ``AUTOCOMMIT`` engine)."""
+        self.where = describe_url(engine.url)
+        """``backend://host:port/database``: named in connection errors (never a password)."""
         self.statement_timeout = statement_timeout
         """Seconds a statement (with its connection checkout) may take; None: unbounded. A
         connection that died without a reset (a partition, a failover that moved the address)
@@ -156,9 +159,11 @@ class Database(abc.ABC):
                 table = candidate
         name = f"{table.schema}.{table.name}" if table.schema else table.name
         return SchemaMissingError(
-            f"table {name!r} does not exist in the jobs database: run `ekbatan-jobs migrate` "
-            f"(it applies the migrations shipped in the package, here "
-            f"{self.migrations_folder}/{self.tables.migration_of(table.name)}.sql), or call "
+            f"table {name!r} does not exist in the jobs database at {self.where}: run "
+            "`ekbatan-jobs migrate` once against it (with the application's settings or "
+            "--url; `--dry-run` shows what it applies: the SQL installed with the package, "
+            f"ekbatan_fastapi/migrations/{self.migrations_folder}/"
+            f"{self.tables.migration_of(table.name)}.sql), or call "
             "`await ekbatan_fastapi.create_schema(engine)` once at deployment"
         )
 
@@ -171,13 +176,25 @@ class Database(abc.ABC):
     def timeout_error(self, *, connecting: bool = False) -> DatabaseTimeout:
         if connecting:
             return DatabaseTimeout(
-                f"no connection to the database within {self.statement_timeout:g}s "
-                "(statement_timeout, spent connecting)"
+                f"no connection to the database at {self.where} within "
+                f"{self.statement_timeout:g}s (statement_timeout, spent connecting)"
             )
         return DatabaseTimeout(
-            f"no answer from the database within {self.statement_timeout:g}s "
+            f"no answer from the database at {self.where} within {self.statement_timeout:g}s "
             "(statement_timeout); the connection was discarded"
         )
+
+    def unavailable(self, error: BaseException) -> BaseException:
+        """``DatabaseUnavailable`` naming the host for an error that means the database
+        cannot be reached (the driver's error chained); else ``error`` itself."""
+        if isinstance(error, DatabaseUnavailable):
+            return error
+        diagnosis = self.diagnose(error)
+        if diagnosis.condition != "unreachable" or diagnosis.reachable:
+            return error
+        wrapped = DatabaseUnavailable(diagnosis.message)
+        wrapped.__cause__ = error
+        return wrapped
 
     def diagnose(self, error: BaseException) -> Diagnosis:
         """What ``error`` (raised by one of our statements) means; dialects add their codes
@@ -186,6 +203,8 @@ class Database(abc.ABC):
             return Diagnosis("schema-missing", True, str(error))
         if isinstance(error, DatabaseTimeout):
             return Diagnosis("timeout", False, str(error))
+        if isinstance(error, DatabaseUnavailable):
+            return Diagnosis("unreachable", False, str(error))
         found = self.diagnose_driver(error)
         if found is not None:
             return found
@@ -193,12 +212,17 @@ class Database(abc.ABC):
         if isinstance(inner, OSError | TimeoutError) or getattr(
             error, "connection_invalidated", False
         ):
-            return Diagnosis("unreachable", False, f"database unreachable: {error_words(error)}")
+            return self._unreachable(error)
         if isinstance(error, DBAPIError):
             return Diagnosis(
                 "error", True, f"the database refused a statement: {error_words(error)}"
             )
-        return Diagnosis("unreachable", False, f"database unreachable: {error_words(error)}")
+        return self._unreachable(error)
+
+    def _unreachable(self, error: BaseException) -> Diagnosis:
+        return Diagnosis(
+            "unreachable", False, f"database unreachable at {self.where}: {error_words(error)}"
+        )
 
     def diagnose_driver(self, error: BaseException) -> Diagnosis | None:
         """The dialect's reading of a driver error (its codes), or None."""
@@ -249,11 +273,14 @@ class Database(abc.ABC):
                     if begin:
                         await stack.enter_async_context(conn.begin())
                     yield conn
-            except TimeoutError:
+            except TimeoutError as error:
                 if conn is not None:
                     await discard_connection(conn)
-                if not bound.expired():
-                    raise  # the driver's own timeout (a connect timeout), not ours
+                if not bound.expired():  # the driver's own timeout (a connect timeout)
+                    wrapped = self.unavailable(error)
+                    if wrapped is error:
+                        raise
+                    raise wrapped from error
                 if conn is not None:
                     distrust_pool(engine or self.engine)
                 raise self.timeout_error(connecting=conn is None) from None
@@ -266,7 +293,14 @@ class Database(abc.ABC):
             except DBAPIError as error:
                 if conn is not None and self.must_discard(error):
                     await discard_connection(conn)
-                translated = self.translate(error)
+                translated = self.unavailable(self.translate(error))
+                if translated is error:
+                    raise
+                raise translated from error
+            except OSError as error:  # a refused connection, an unknown host: raw from asyncpg
+                if conn is not None:
+                    await discard_connection(conn)
+                translated = self.unavailable(error)
                 if translated is error:
                     raise
                 raise translated from error

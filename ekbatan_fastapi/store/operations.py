@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, insert, inspect, select
+from sqlalchemy import Select, delete, func, insert, inspect, select
 from sqlalchemy.exc import IntegrityError
 
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
@@ -184,6 +184,28 @@ class OperationsStore:
         bounds = [upto] if after is None else [finished > after, upto]
         deleted = await self.db.rowcount(delete(h).where(*bounds))
         return deleted, edge
+
+    # -- rows no instance runs -------------------------------------------------------------
+
+    async def overdue_unknown(
+        self, known: Sequence[str], older_than: timedelta, *, limit: int = 10_000
+    ) -> list[tuple[str, int, datetime]]:
+        """``(task name, rows, oldest due time)`` of the task names outside ``known`` with
+        unpicked rows overdue by more than ``older_than`` on the database clock: rows that no
+        live instance claimed in that window. One grouped read (at most ``limit`` names)."""
+        t = self.tables.tasks
+        cutoff = (await self.db.clock())[0] - older_than
+        stmt = (
+            select(t.c.task_name, func.count(), func.min(t.c.execution_time))
+            .where(t.c.picked.is_(False), t.c.execution_time < cutoff)
+            .group_by(t.c.task_name)
+            .order_by(t.c.task_name)
+            .limit(limit)
+        )
+        names = set(known)
+        return [
+            (r[0], int(r[1]), _aware(r[2])) for r in await self.db.rows(stmt) if r[0] not in names
+        ]
 
     # -- pause --------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ back to the page once it accepts.
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from ..domain.logs import library_logger
 from ..domain.records import Outcome
 from ..domain.version import VERSION
 from .dashboard_html import DashboardView, render_dashboard
@@ -35,7 +35,7 @@ from .views import HistoryRecord, JobsReport
 
 __all__ = ["AdminCheck", "add_dashboard_route", "check_admin"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 _MAX_FAILING_NAMES = 50
 _HISTORY_DEPTH = 20

@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..domain.errors import (
     ConfigurationError,
+    DatabaseUnavailable,
     SchemaMissingError,
     TaskNotFoundError,
     TaskPausedError,
@@ -62,6 +63,8 @@ async def translated_errors(timeout: float, *, loc: Sequence[str] = ()) -> Async
         raise unprocessable(str(error), loc) from None
     except SchemaMissingError as error:
         raise HTTPException(503, detail=str(error)) from None
+    except DatabaseUnavailable as error:  # a DatabaseTimeout too: both name the host
+        raise HTTPException(503, detail=describe_failure(error)) from None
     except TimeoutError:
         raise HTTPException(503, detail="database unreachable: no answer in time") from None
     except (DBAPIError, OSError) as error:

@@ -8,7 +8,6 @@ database: an application starts while its database is unreachable, and ``/jobs``
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
@@ -18,6 +17,8 @@ from starlette.applications import Starlette
 
 from ..domain.errors import ConfigurationError
 from ..domain.job import Job
+from ..domain.logs import library_logger
+from ..engine.logs import show_library_logs
 from ..registry import ConnectionSource, JobRegistry, SchedulerBuilder, job_registry
 from ..settings import EkbatanSettings
 from ..settings.keys import canonical_key
@@ -35,7 +36,7 @@ __all__ = [
     "ekbatan_lifespan",
 ]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 AppLifespan = Callable[[Any], AbstractAsyncContextManager[Mapping[str, Any] | None]]
 
@@ -172,6 +173,9 @@ class EkbatanLifespan:
     async def _run(self, app: Starlette) -> AsyncIterator[EkbatanState]:
         settings = self._settings if self._settings is not None else EkbatanSettings()
         async with contextlib.AsyncExitStack() as stack:
+            undo_logs = show_library_logs(settings.jobs.log_handler)
+            if undo_logs is not None:
+                stack.callback(undo_logs)
             if self._registry is not None:
                 registry = self._registry
             else:
@@ -188,6 +192,13 @@ class EkbatanLifespan:
                 ", ".join(sorted(registry.jobs)) or "none",
                 registry.connection,
             )
+            if not registry.jobs:
+                log.warning(
+                    "ekbatan: no job is registered, so this instance runs nothing. List the "
+                    "modules that define your @distributed_job classes in ekbatan.jobs.modules "
+                    "(EKBATAN_JOBS__MODULES=myapp.jobs), import them before the application "
+                    "starts, or pass create_ekbatan_lifespan(jobs=[...]) or (modules=[...])"
+                )
             await registry.start()
             # Pushed after the providers' teardowns, so it runs before them (LIFO).
             stack.push_async_callback(registry.stop)

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..domain.codec import TaskDataError
 from ..domain.durations import format_iso_duration
-from ..domain.errors import SchemaMissingError
+from ..domain.errors import DatabaseUnavailable, SchemaMissingError
 from ..domain.job import DistributedJob, Job, OneTimeJob
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
 from ..domain.tasks import ScheduledTask, derive_state, heartbeat_age, overdue_after
@@ -51,6 +51,8 @@ def describe_failure(error: BaseException, diagnose: Diagnose | None = None) -> 
     """What a failed read of the tasks means: the database's diagnosis (``unreachable``,
     ``read-only``, a pooler mismatch, ...) for driver and connection errors, else what
     failed."""
+    if isinstance(error, DatabaseUnavailable):  # it names where already
+        return redact(str(error))
     if diagnose is not None and isinstance(error, DBAPIError | OSError):
         return redact(diagnose(error).message)
     what = redact(f"{type(error).__name__}: {error}")
@@ -208,6 +210,11 @@ async def build_report(
     and judge the cluster's health. Missing operations tables only add a warning."""
     problems: list[str] = []
     warnings: list[str] = []
+    if not state.jobs:
+        warnings.append(
+            "no job is registered on this instance: it runs nothing (ekbatan.jobs.modules, "
+            "EKBATAN_JOBS__MODULES, names the modules of your @distributed_job classes)"
+        )
     now: datetime | None = None
     tasks: list[TaskView] = []
     pauses: dict[str, PauseInfo] = {}

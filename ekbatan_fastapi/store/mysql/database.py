@@ -13,7 +13,6 @@ and parameters are sent as naive UTC, so neither the session nor the server time
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -24,13 +23,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import ColumnElement, Executable
 
+from ...domain.logs import library_logger
 from ..database import Database, Diagnosis, error_words, is_autocommit
 from ..tables import UTCDateTime
 from . import statements as q
 
 __all__ = ["ER_DUP_ENTRY", "ER_LOCK_WAIT_TIMEOUT", "MySQLDatabase", "errno", "naive_utc"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 T = TypeVar("T")
 
@@ -105,7 +105,7 @@ class MySQLDatabase(Database):
                 "read-only", True, f"the database is read-only (a replica, or fenced): {words}"
             )
         if code in _LOST:
-            return Diagnosis("unreachable", False, f"database unreachable: {words}")
+            return Diagnosis("unreachable", False, f"database unreachable at {self.where}: {words}")
         if code == ER_LOCK_WAIT_TIMEOUT:
             return Diagnosis(
                 "lock-wait",

@@ -83,12 +83,12 @@ class PostgresDatabase(Database):
         if code == READ_ONLY_TRANSACTION:
             return Diagnosis("read-only", True, f"{READ_ONLY_HINT}; {words}")
         if code is not None and code[:2] in _LOST_CONNECTION_CLASSES:
-            return Diagnosis("unreachable", False, f"database unreachable: {words}")
+            return Diagnosis("unreachable", False, f"database unreachable at {self.where}: {words}")
         if code is not None:
             return Diagnosis("error", True, f"the database refused a statement: {words}")
         inner = getattr(error, "orig", None) or error
         if type(inner).__module__.startswith("asyncpg") and "Interface" in type(inner).__name__:
-            return Diagnosis("unreachable", False, f"database unreachable: {words}")
+            return Diagnosis("unreachable", False, f"database unreachable at {self.where}: {words}")
         return None
 
     def must_discard(self, error: BaseException) -> bool:
