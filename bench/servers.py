@@ -62,9 +62,9 @@ def _as_postgres() -> list[str]:
     return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
-def _own(path: Path) -> None:
+def _own(path: Path, user: str = "postgres") -> None:
     if os.geteuid() == 0:
-        entry = pwd.getpwnam("postgres")
+        entry = pwd.getpwnam(user)
         os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
@@ -123,8 +123,14 @@ def pgbouncer(
     socket_dir = parsed.query.get("host")
     host = socket_dir if isinstance(socket_dir, str) else (parsed.host or "127.0.0.1")
     user = parsed.username or "postgres"
+    # pgbouncer refuses to run as root: as root it runs as "postgres", or, for a server on a
+    # Unix socket (the embedded PostgreSQL), as the socket directory's owner, the only user
+    # who may open it.
+    runs_as = "postgres"
+    if isinstance(socket_dir, str) and os.geteuid() == 0:
+        runs_as = pwd.getpwuid(Path(socket_dir).stat().st_uid).pw_name
     base = Path(tempfile.mkdtemp(prefix="ekbatan-pgbouncer-"))
-    _own(base)
+    _own(base, runs_as)
     port = _free_port()
     password = f" password={parsed.password}" if parsed.password else ""
     (base / "users.txt").write_text(f'"{user}" ""\n')
@@ -141,10 +147,10 @@ def pgbouncer(
         "admin_users = postgres\n"
     )
     for name in ("users.txt", "pgbouncer.ini"):
-        _own(base / name)
+        _own(base / name, runs_as)
     cmd = [PGBOUNCER, str(base / "pgbouncer.ini")]
     if os.geteuid() == 0:
-        cmd = [PGBOUNCER, "-u", "postgres", str(base / "pgbouncer.ini")]
+        cmd = [PGBOUNCER, "-u", runs_as, str(base / "pgbouncer.ini")]
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_port(port)
