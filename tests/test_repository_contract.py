@@ -230,6 +230,44 @@ async def test_heartbeat_answers_which_rows_are_still_owned(
     assert await repo.heartbeat([o for o in owned if o.key != keys[1]]) == {keys[0], keys[2]}
 
 
+async def test_a_row_another_transaction_holds_does_not_stop_the_other_heartbeats(
+    repo: TaskStore, any_database: Database, any_engine: AsyncEngine
+) -> None:
+    """A peer's transaction that hangs while it holds one of our rows locked (on MariaDB, a
+    claim orphaned by a partition keeps every row its scan locked, ours included): the other
+    rows still get their heartbeats, at once, and the held one is still ours. A plain UPDATE
+    waited for the lock, every row of the instance missed its heartbeats and the peers
+    revived them (the chaos scenario mariadb-orphan). MySQL 5 has no SKIP LOCKED: there the
+    update waits, bounded by the session's lock wait. PostgreSQL's statements hold no lock
+    past their own statement (a claim is one statement) except a stale execution's
+    ``ctx.transaction()``, whose row nobody else can own meanwhile (revival skips locked
+    rows): its heartbeat stays one plain UPDATE."""
+    if not is_mysql(any_engine):
+        pytest.skip("PostgreSQL: no transaction of ours holds a row another instance owns")
+    if not repo.supports_skip_locked:
+        pytest.skip("no SKIP LOCKED before MySQL 8")
+    keys = await _due_rows(any_engine, "hb", 2)
+    claimed = (await repo.poll(["hb"], 10, "me", any_database.strategies[0])).claimed
+    owned = [Owned(r.task_name, r.task_instance, r.version) for r in claimed]
+    before = {r.key: r.last_heartbeat for r in claimed}
+    held = keys[0]
+    async with any_engine.connect() as other:
+        await other.begin()
+        await other.execute(
+            select(T.c.task_name)
+            .where(T.c.task_name == held[0], T.c.task_instance == held[1])
+            .with_for_update()
+        )
+        await asyncio.sleep(0.01)
+        async with asyncio.timeout(5):
+            assert await repo.heartbeat(owned) == set(keys)
+        await other.rollback()
+    rows = {r.key: r for r in await repo.list_tasks("hb")}
+    beat = rows[keys[1]].last_heartbeat
+    assert beat is not None and before[keys[1]] is not None and beat > before[keys[1]]
+    assert rows[held].last_heartbeat == before[held]  # left for the next round
+
+
 async def test_revive_dead_keeps_the_slot_and_reports_the_row_as_it_was(
     repo: TaskStore, any_database: Database, any_engine: AsyncEngine
 ) -> None:

@@ -22,6 +22,8 @@ __all__ = [
     "delete_owned",
     "existing",
     "heartbeat",
+    "heartbeat_keys",
+    "lock_beating",
     "lock_dead",
     "lock_due",
     "lock_keys",
@@ -173,6 +175,24 @@ def heartbeat(t: str) -> str:
 UPDATE {t} SET last_heartbeat = {NOW}
 WHERE {OWNED} AND picked = 1
 """
+
+
+def lock_beating(t: str) -> str:
+    """Heartbeat, step 1 (SKIP LOCKED): lock the owned rows no other transaction holds. One
+    held by a transaction that hangs (a peer's claim orphaned by a partition keeps every due
+    row it scanned) is left for the next round: a plain ``UPDATE`` would wait for it, and
+    every other row of this instance would miss its heartbeat meanwhile and be revived."""
+    return f"""
+SELECT task_name, task_instance FROM {t}
+WHERE {OWNED} AND picked = 1
+ORDER BY task_name, task_instance
+FOR UPDATE SKIP LOCKED
+"""
+
+
+def heartbeat_keys(t: str) -> str:
+    """Heartbeat, step 2: the rows ``lock_beating`` locked."""
+    return f"UPDATE {t} SET last_heartbeat = {NOW} WHERE {KEY} IN :keys"
 
 
 def still_owned(t: str) -> str:

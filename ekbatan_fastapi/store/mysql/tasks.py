@@ -88,6 +88,8 @@ class MySQLTaskStore(TaskStore):
         self._delete = sql(q.delete_owned(t))
         self._release = sql(q.release(t))
         self._heartbeat = sql(q.heartbeat(t))
+        self._lock_beating = sql(q.lock_beating(t))
+        self._heartbeat_keys = sql(q.heartbeat_keys(t))
         self._still_owned = sql(q.still_owned(t))
         self._dead_candidates = sql(q.dead_candidates(t))
         self._lock_dead = sql(q.lock_dead(t, skip_locked=self.supports_skip_locked))
@@ -401,16 +403,36 @@ class MySQLTaskStore(TaskStore):
         return self.db.sql(q.reschedule_owned(self._t, next_time, outcome=outcome)), params
 
     async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
-        """One update; only when it matched fewer rows than asked, a read says which are still
-        ours (a version only grows, so a row missed by the update cannot match the read)."""
+        """Lock the owned rows nobody else holds (SKIP LOCKED; ``statements.lock_beating``)
+        and update those, in one transaction (MySQL 5: one plain update); only when fewer rows
+        were beaten than asked, a read says which are still ours (a version only grows, so a
+        row revived meanwhile cannot match the read)."""
         if not owned:
             return set()
         keys = [(o.task_name, o.task_instance, o.version) for o in owned]
-        if await self.db.rowcount(self._heartbeat, owned_params(keys)) == len(set(keys)):
-            return {o.key for o in owned}
+        if not self.supports_skip_locked:
+            if await self.db.rowcount(self._heartbeat, owned_params(keys)) == len(set(keys)):
+                return {o.key for o in owned}
+            beaten: set[TaskKey] = set()
+        else:
+
+            async def beat(conn: AsyncConnection) -> set[TaskKey]:
+                locked = [
+                    (str(r[0]), str(r[1]))
+                    for r in await conn.execute(self._lock_beating, owned_params(keys))
+                ]
+                if locked:
+                    await conn.execute(self._heartbeat_keys, {"keys": locked})
+                return set(locked)
+
+            beaten = await self.db.transaction(beat)
+            if len(beaten) == len(set(keys)):
+                return {o.key for o in owned}
+        # Rows missed: revived elsewhere (no longer ours), or held by another transaction
+        # (still ours: revival skips locked rows too; the next round beats them).
         async with self.db.connect() as conn:
             result = await conn.execute(self._still_owned, owned_params(keys))
-            return {(r[0], r[1]) for r in result}
+            return beaten | {(r[0], r[1]) for r in result}
 
     async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
         """A plain read finds candidates (the usual answer is none) and the next death; a
