@@ -206,7 +206,12 @@ def _failover_drive(kind: str) -> Callable[[Run], Awaitable[None]]:
         await asyncio.to_thread(pair.promote)
         fault.ended = time.time()
         run.notes.append(f"promotion done {fault.ended - fault.began:.2f} s after the fault began")
-        await asyncio.sleep(window * 3 / 4)
+        after = window * 3 / 4
+        if kind == "frozen":
+            # the held connections give up after their statement timeout and the first new
+            # one spends a connect timeout on the frozen host: leave time to run after that
+            after = max(after, _FROZEN_STATEMENT_TIMEOUT + _CONNECT_TIMEOUT + 6.0)
+        await asyncio.sleep(after)
         await run.settle()
 
     return drive
