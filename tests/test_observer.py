@@ -134,8 +134,10 @@ async def test_a_failing_observer_is_logged_and_never_stops_the_scheduler(
         for r in caplog.records
         if "observer Broken raised" in r.getMessage()
     )
-    # logged once per hook (rate limited), with the traceback
-    assert hooks == ["attached", "execution_finished", "execution_started", "polled"]
+    # logged once per hook (rate limited), with the traceback; on a loaded machine a
+    # heartbeat round may come within the executions and log its hook too
+    assert len(hooks) == len(set(hooks)), hooks
+    assert {"attached", "execution_finished", "execution_started", "polled"} <= set(hooks)
 
 
 def test_observer_must_be_a_scheduler_observer() -> None:
