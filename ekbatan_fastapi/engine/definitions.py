@@ -12,6 +12,7 @@ follows a newer deploy instead of moving the row back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -195,6 +196,15 @@ class Definitions:
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.ensure_future(self._refresh())
         await asyncio.shield(self._refreshing)
+
+    async def close(self) -> None:
+        """At a stop: end a shared re-read still running (its callers, cancelled, left it
+        behind holding a connection)."""
+        task, self._refreshing = self._refreshing, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _refresh(self) -> None:
         started = time.monotonic()

@@ -346,6 +346,7 @@ class Scheduler:
         self.recorder.close()
         await self._drain("history writer", timeout=self._left(deadline))
         await self._leave(self._left(deadline))
+        await self.definitions.close()
         self.executor.close()
         log.info("scheduler %s stopped", self.name, extra={"scheduler": self.name})
 
