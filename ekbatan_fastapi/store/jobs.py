@@ -3,16 +3,15 @@ counts ``/jobs`` and the CLI show: executions running now, executions timed out.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import func, inspect, select, update
+from sqlalchemy import func, select, update
 
 from ..domain.backfill import BACKFILL_PREFIX
 from ..domain.records import JobDefinition, Outcome
 from .database import Database, aware
+from .presence import TablesPresence
 
 __all__ = ["JobsStore"]
 
@@ -26,29 +25,15 @@ class JobsStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.table = db.tables.jobs
-        self._present = False
-        self._checked_at = -_RECHECK_MISSING
+        self.presence = TablesPresence(db, [self.table], _RECHECK_MISSING)
 
     @property
     def present(self) -> bool:
-        return self._present
+        return self.presence.present
 
     async def look(self) -> bool:
         """True when the table exists (looked up again at most every 30 s while missing)."""
-        if self._present:
-            return True
-        now = time.monotonic()
-        if now - self._checked_at < _RECHECK_MISSING:
-            return False
-        self._checked_at = now
-        table = self.table
-
-        def check(sync_conn: Any) -> bool:
-            return bool(inspect(sync_conn).has_table(table.name, schema=table.schema))
-
-        async with self.db.connect() as conn:
-            self._present = bool(await conn.run_sync(check))
-        return self._present
+        return await self.presence.look()
 
     async def write(self, definitions: Sequence[JobDefinition]) -> None:
         """Create or replace these definitions (``written_at`` = the database's now)."""

@@ -8,17 +8,17 @@ scheduler, ``/jobs`` and the client do not inspect the catalog on every call.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, func, insert, inspect, select
+from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
 from .database import Database, aware
 from .external import Caller
+from .presence import TablesPresence
 
 __all__ = ["OperationsStore"]
 
@@ -37,41 +37,24 @@ class OperationsStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.tables = db.tables
-        self._present = False
-        self._checked_at = -_RECHECK_MISSING
+        self.presence = TablesPresence(db, db.tables.operations, _RECHECK_MISSING)
 
     # -- do the tables exist? ------------------------------------------------------------
 
     @property
     def present(self) -> bool:
         """The tables were found (as of the last look)."""
-        return self._present
+        return self.presence.present
 
     async def look(self, *, force: bool = False) -> bool:
         """True when all three tables exist (they come with migration V0002). Found once, they
         are taken to exist until ``forget`` (a statement found one gone); while missing, the
         catalog is read again at most every 30 s (``force``: now)."""
-        if self._present:
-            return True
-        now = time.monotonic()
-        if not force and now - self._checked_at < _RECHECK_MISSING:
-            return False
-        self._checked_at = now
-        names = [t.name for t in self.tables.operations]
-        schema = self.tables.history.schema
-
-        def check(sync_conn: Any) -> bool:
-            inspector = inspect(sync_conn)
-            return all(inspector.has_table(name, schema=schema) for name in names)
-
-        async with self.db.connect() as conn:
-            self._present = bool(await conn.run_sync(check))
-        return self._present
+        return await self.presence.look(force=force)
 
     def forget(self) -> None:
         """A statement found a table gone: look again (not before 30 s)."""
-        self._present = False
-        self._checked_at = time.monotonic()
+        self.presence.forget()
 
     # -- history ------------------------------------------------------------------------
 

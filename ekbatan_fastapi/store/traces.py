@@ -9,15 +9,14 @@ row is gone (cancelled, given up, or run by an instance without tracing).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import delete, exists, inspect, select, tuple_
+from sqlalchemy import delete, exists, select, tuple_
 
 from .database import Database
 from .external import Caller
+from .presence import TablesPresence
 
 __all__ = ["TraceContext", "TraceStore"]
 
@@ -43,26 +42,12 @@ class TraceStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.table = db.tables.traces
-        self._present = False
-        self._checked_at = -_RECHECK_MISSING
+        self.presence = TablesPresence(db, [self.table], _RECHECK_MISSING)
 
     async def look(self) -> bool:
         """Whether the table exists; once found it is taken to exist, while missing the
         catalog is read again at most hourly (nothing is traced into a missing table)."""
-        if self._present:
-            return True
-        now = time.monotonic()
-        if now - self._checked_at < _RECHECK_MISSING:
-            return False
-        self._checked_at = now
-        table = self.table
-
-        def check(sync_conn: Any) -> bool:
-            return bool(inspect(sync_conn).has_table(table.name, schema=table.schema))
-
-        async with self.db.connect() as conn:
-            self._present = bool(await conn.run_sync(check))
-        return self._present
+        return await self.presence.look()
 
     async def save_on(self, caller: Caller, contexts: Sequence[TraceContext]) -> None:
         """Write (or replace) the contexts inside the caller's transaction: they commit or
