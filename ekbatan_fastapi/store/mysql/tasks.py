@@ -41,8 +41,11 @@ from .database import ER_DUP_ENTRY, MySQLDatabase, errno, naive_utc
 
 __all__ = ["MySQLTaskStore", "owned_params"]
 
-_CHUNK = 1000
-"""Keys per statement when reading many keys at once."""
+_CHUNK = 250
+"""Keys per statement when reading many keys at once. MariaDB turns an ``IN`` list of 1,000
+values or more (``in_predicate_conversion_threshold``; a pair counts twice) into a join over a
+temporary table that scans the whole table: 500 pairs read 122,013 rows of a 123,000-row
+table, 300 pairs read 300."""
 
 
 class _RowsLost(Exception):
@@ -65,6 +68,7 @@ class MySQLTaskStore(TaskStore):
     """MySQL 8+ and MariaDB 10.6+: ``FOR UPDATE SKIP LOCKED`` for lock-and-fetch."""
 
     supports_skip_locked = True
+    keys_per_statement = _CHUNK
 
     def __init__(self, db: MySQLDatabase) -> None:
         super().__init__(db)
