@@ -120,16 +120,25 @@ ORDER BY c.priority DESC, c.execution_time ASC
 def candidates_per_name(t: str, p: str | None, count: int) -> str:
     """As ``candidates`` for ``count`` names given as ``:name_<i>`` (and ``:names`` for the
     next due time)."""
+    if count == 1:
+        paused = f" AND task_name NOT IN (SELECT task_name FROM {p})" if p else ""
+        due = (
+            f"SELECT task_name, task_instance, version, priority, execution_time FROM {t} "
+            f"WHERE task_name = :name_0 AND picked = 0 AND execution_time <= {NOW}{paused} "
+            "ORDER BY priority DESC, execution_time ASC LIMIT :limit"
+        )
+    else:
+        due = (
+            "SELECT k.task_name, k.task_instance, r.version, k.priority, k.execution_time "
+            f"FROM ({_due_per_name(t, p, count)}) AS k JOIN {t} AS r "
+            "ON r.task_name = k.task_name AND r.task_instance = k.task_instance"
+        )
     return f"""
 SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
 FROM (SELECT {NOW} AS db_now,
         (SELECT MIN(execution_time) FROM {t}
          WHERE picked = 0 AND execution_time > {NOW} AND {_wanted(p)}) AS next_due) AS x
-LEFT JOIN (
-    SELECT k.task_name, k.task_instance, r.version, k.priority, k.execution_time
-    FROM ({_due_per_name(t, p, count)}) AS k
-    JOIN {t} AS r ON r.task_name = k.task_name AND r.task_instance = k.task_instance
-) AS c ON TRUE
+LEFT JOIN ({due}) AS c ON TRUE
 ORDER BY c.priority DESC, c.execution_time ASC
 """
 
@@ -161,6 +170,15 @@ def lock_due_per_name(t: str, p: str | None, count: int) -> str:
     """As ``lock_due`` for ``count`` names given as ``:name_<i>``: the candidates are read
     without locks through our index, then those rows locked by primary key (skipping those a
     peer holds) and checked again."""
+    if count == 1:  # one name: its index range in claim order, locked as it is read
+        paused = f" AND task_name NOT IN (SELECT task_name FROM {p})" if p else ""
+        return f"""
+SELECT {COLUMNS}, {NOW} AS db_now FROM {t}
+WHERE task_name = :name_0 AND picked = 0 AND execution_time <= {NOW}{paused}
+ORDER BY priority DESC, execution_time ASC
+LIMIT :limit
+FOR UPDATE SKIP LOCKED
+"""
     cols = ", ".join(f"r.{c.strip()}" for c in COLUMNS.split(","))
     return f"""
 SELECT {cols}, {NOW} AS db_now
