@@ -56,6 +56,7 @@ __all__ = [
     "check_local",
     "describe_environment",
     "fresh_database",
+    "is_mysql_url",
     "percentile",
     "private_postgres",
     "process_rss_kib",
@@ -240,6 +241,10 @@ def _embedded_cluster() -> Iterator[ServerInfo]:
 @contextlib.contextmanager
 def private_postgres(url: str | None = None) -> Iterator[ServerInfo]:
     """``url`` given: that server (on this machine); else a private cluster of our own."""
+    if url is not None and is_mysql_url(url):  # MySQL/MariaDB: as given, no server counters
+        check_local(url)
+        yield ServerInfo(url=url, kind="given server (MySQL/MariaDB)")
+        return
     if url is not None:
         check_local(url)
         parsed = make_url(url).set(drivername="postgresql+asyncpg")
@@ -255,6 +260,10 @@ def private_postgres(url: str | None = None) -> Iterator[ServerInfo]:
         return
     with _embedded_cluster() as server:
         yield server
+
+
+def is_mysql_url(url: str) -> bool:
+    return make_url(url).get_backend_name() in ("mysql", "mariadb")
 
 
 def _has_stat_statements(url: str) -> bool:
@@ -279,15 +288,17 @@ def _has_stat_statements(url: str) -> bool:
 async def fresh_database(server_url: str, prefix: str = "ekbatan_bench") -> AsyncIterator[str]:
     """An empty database on the server for one harness; dropped afterwards."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    mysql = is_mysql_url(server_url)
+    quoted, force = (f"`{name}`", "") if mysql else (f'"{name}"', " WITH (FORCE)")
     admin = create_async_engine(server_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
     try:
         async with admin.connect() as conn:
-            await conn.execute(text(f'CREATE DATABASE "{name}"'))
+            await conn.execute(text(f"CREATE DATABASE {quoted}"))
         yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
         with contextlib.suppress(Exception):
             async with admin.connect() as conn:
-                await conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+                await conn.execute(text(f"DROP DATABASE {quoted}{force}"))
         await admin.dispose()
 
 

@@ -16,6 +16,14 @@ each with the statement of this version (per known name, ``window``) and the one
 (``plan_cache_mode``). Figures are medians of ``--repeat`` runs.
 
     .venv/bin/python bench/foreign_rows.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
+    .venv/bin/python bench/foreign_rows.py --url mysql+asyncmy://root@127.0.0.1:3306/test
+
+On MySQL/MariaDB the statements are the task store's (``store/mysql/statements.py``): ``claim``
+= the locking read of 50 due rows and the claim ``UPDATE`` (one transaction, rolled back),
+``fetch`` = the fetch strategy's candidate read, ``idle`` = the locking read and the clock read
+an idle poll sends. There is no plan cache to force, so the plan is ``-``; beside each time the
+rows the server read for it (the session's ``Handler_read_*`` counters: index and table reads,
+less the counters' own cost), which is what grows when a statement reads foreign rows.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ekbatan_fastapi.store.mysql import statements as mq  # noqa: E402
 from ekbatan_fastapi.store.postgresql import statements as q  # noqa: E402
 from ekbatan_fastapi.store.tables import create_schema  # noqa: E402
 
@@ -131,11 +140,170 @@ async def measure(url: str, sizes: tuple[int, ...], repeat: int) -> list[dict[st
     return results
 
 
+# -- MySQL / MariaDB -------------------------------------------------------------------------
+
+_HANDLER = (
+    "SELECT SUM(VARIABLE_VALUE) FROM information_schema.SESSION_STATUS "
+    "WHERE VARIABLE_NAME LIKE 'HANDLER_READ%'"
+)
+
+
+def is_mysql(url: str) -> bool:
+    return url.split(":", 1)[0].split("+", 1)[0] in ("mysql", "mariadb")
+
+
+async def _mysql_fill(conn: Any, foreign: int) -> None:
+    from sqlalchemy import text
+
+    await conn.execute(text("DELETE FROM scheduled_tasks"))
+    mariadb = "mariadb" in str((await conn.execute(text("SELECT VERSION()"))).scalar()).lower()
+    if not mariadb:
+        await conn.execute(text("SET SESSION cte_max_recursion_depth = 4294967295"))
+
+    def numbers(n: int) -> str:
+        if mariadb:  # the Sequence engine
+            return f"(SELECT seq AS i FROM seq_1_to_{n}) AS s"
+        return (
+            f"(WITH RECURSIVE s (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) "
+            "SELECT i FROM s) AS s"
+        )
+
+    cols = "task_name, task_instance, execution_time, picked, version, priority"
+    day = "INTERVAL 1 DAY"
+    if foreign:
+        await conn.execute(
+            text(
+                f"INSERT INTO scheduled_tasks ({cols}) SELECT CONCAT('foreign-', i % 10), "
+                f"CONCAT('i', i), IF(i % 2 = 0, UTC_TIMESTAMP(6) - {day}, "
+                f"UTC_TIMESTAMP(6) + {day}), 0, 1, 0 FROM {numbers(foreign)}"
+            )
+        )
+    await conn.execute(
+        text(
+            f"INSERT INTO scheduled_tasks ({cols}) SELECT 'bench-noop', CONCAT('n', i), "
+            f"UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE, 0, 1, 0 FROM {numbers(KNOWN_DUE)}"
+        )
+    )
+    for name in RECURRING:
+        await conn.execute(
+            text(
+                f"INSERT INTO scheduled_tasks ({cols}) VALUES "
+                "(:n, 'recurring', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, 0, 1, 0)"
+            ),
+            {"n": name},
+        )
+    await conn.commit()
+    await conn.execute(text("ANALYZE TABLE scheduled_tasks"))
+    await conn.commit()
+
+
+async def _mysql_timed(conn: Any, steps: list[tuple[Any, dict[str, Any]]]) -> tuple[float, int]:
+    """The steps in one transaction (rolled back): ms, and the rows the server read."""
+    from sqlalchemy import text
+
+    handler = text(_HANDLER)
+    base0 = int((await conn.execute(handler)).scalar())
+    base1 = int((await conn.execute(handler)).scalar())
+    own = base1 - base0  # what one counter read adds
+    await conn.commit()
+    await conn.execute(text("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"))
+    try:
+        began = time.perf_counter()
+        for stmt, params in steps:
+            result = await conn.execute(stmt, params)
+            if result.returns_rows:
+                rows = list(result)
+                if "keys" in params and not params["keys"]:
+                    params["keys"].extend((r[0], r[1]) for r in rows)
+        took = (time.perf_counter() - began) * 1000
+    finally:
+        await conn.rollback()
+    after = int((await conn.execute(handler)).scalar())
+    return took, after - base1 - own
+
+
+async def measure_mysql(url: str, sizes: tuple[int, ...], repeat: int) -> list[dict[str, Any]]:
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from sqlalchemy.pool import NullPool
+
+    from ekbatan_fastapi.store.dialects import open_store
+
+    name = f"bench_foreign_{uuid.uuid4().hex[:8]}"
+    server = url.rsplit("/", 1)[0]
+    admin = create_async_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    async with admin.connect() as c:
+        await c.execute(text(f"CREATE DATABASE `{name}`"))
+    results: list[dict[str, Any]] = []
+    engine = create_async_engine(f"{server}/{name}", poolclass=NullPool)
+    try:
+        await create_schema(engine, operations=True)
+        store = open_store(engine, engine.dialect.name).tasks
+        _, _, clock = store._poll_sql[False]  # type: ignore[attr-defined]
+        claim = store._claim  # type: ignore[attr-defined]
+        known = ["bench-noop", *RECURRING]
+
+        def poll_sql(version: str, names: list[str]) -> tuple[Any, Any, dict[str, Any]]:
+            """(candidates, lock_due, their parameters) of this version or the one before."""
+            if version == "before":
+                candidates, lock_due, _ = store._poll_sql[False]  # type: ignore[attr-defined]
+                return candidates, lock_due, {"names": names, "limit": 50}
+            candidates, lock_due = store._per_name_sql(False, len(names))  # type: ignore[attr-defined]
+            return candidates, lock_due, {"names": names, "limit": 50, **mq.name_params(names)}
+
+        async with engine.connect() as conn:
+            for size in sizes:
+                await _mysql_fill(conn, size)
+                await conn.commit()
+                for version in ("now", "before"):
+                    row: dict[str, Any] = {"foreign": size, "statement": version, "plan": "-"}
+                    for kind in ("claim", "fetch", "idle"):
+                        took: list[tuple[float, int]] = []
+                        for _ in range(repeat + 1):
+                            if kind == "claim":
+                                _, lock_due, params = poll_sql(version, known)
+                                keys: list[Any] = []
+                                steps = [
+                                    (lock_due, params | {"keys": keys}),
+                                    (claim, {"keys": keys, "picked_by": "bench", "now": None}),
+                                ]
+                            elif kind == "fetch":
+                                candidates, _, params = poll_sql(version, known)
+                                steps = [(candidates, params)]
+                            else:
+                                _, lock_due, params = poll_sql(version, RECURRING)
+                                steps = [(lock_due, params), (clock, {"names": RECURRING})]
+                            took.append(await _mysql_timed(conn, steps))
+                        took = took[1:]
+                        row[kind] = statistics.median(t for t, _ in took)
+                        row[f"{kind}_rows"] = max(r for _, r in took)
+                    results.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        await engine.dispose()
+        async with admin.connect() as c:
+            await c.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+        await admin.dispose()
+    return results
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| foreign rows | statement | plan | claim 50 ms | fetch ms | idle poll ms |",
         "| ---: | --- | --- | ---: | ---: | ---: |",
     ]
+    if results and "claim_rows" in results[0]:
+        lines = [
+            "| foreign rows | statement | claim 50 ms | rows read | fetch ms | rows read "
+            "| idle poll ms | rows read |",
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in results:
+            lines.append(
+                f"| {r['foreign']:,} | {r['statement']} | {r['claim']:.2f} | {r['claim_rows']:,} "
+                f"| {r['fetch']:.2f} | {r['fetch_rows']:,} | {r['idle']:.2f} | {r['idle_rows']:,} |"
+            )
+        return "\n".join(lines)
     for r in results:
         lines.append(
             f"| {r['foreign']:,} | {r['statement']} | {r['plan']} | {r['claim']:.2f} | "
@@ -151,8 +319,10 @@ def chart(results: list[dict[str, Any]], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
+    mysql = bool(results) and results[0]["plan"] == "-"
+    plans = (("-", "-"),) if mysql else (("custom", "-"), ("generic", "--"))
     for version in ("now", "before"):
-        for plan, style in (("custom", "-"), ("generic", "--")):
+        for plan, style in plans:
             for kind, marker in (("claim", "o"), ("idle", "s")):
                 pts = [
                     (max(r["foreign"], 1), r[kind])
@@ -161,12 +331,14 @@ def chart(results: list[dict[str, Any]], out: Path) -> Path:
                 ]
                 if pts:
                     xs, ys = zip(*pts, strict=True)
-                    ax.plot(xs, ys, style, marker=marker, label=f"{kind}, {version}, {plan}")
+                    label = f"{kind}, {version}" + ("" if mysql else f", {plan}")
+                    ax.plot(xs, ys, style, marker=marker, label=label)
     ax.set_xscale("symlog", linthresh=10_000)
     ax.set_yscale("log")
     ax.set_xlabel("rows of task names the scheduler does not know")
     ax.set_ylabel("statement time, ms (median)")
-    ax.set_title("Poll statement time vs foreign rows (PostgreSQL)")
+    server = "MySQL/MariaDB" if mysql else "PostgreSQL"
+    ax.set_title(f"Poll statement time vs foreign rows ({server})")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -177,14 +349,21 @@ def chart(results: list[dict[str, Any]], out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
-        "--url", required=True, help="postgresql+asyncpg://... (a database to start from)"
+        "--url", help="postgresql+asyncpg://... or mysql+asyncmy://... (a database to start from)"
     )
+    p.add_argument("--from-json", type=Path, help="no run: table and chart of an earlier --json")
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     p.add_argument("--repeat", type=int, default=9)
     p.add_argument("--json", type=Path)
     p.add_argument("--chart", type=Path)
     args = p.parse_args(argv)
-    results = asyncio.run(measure(args.url, tuple(args.sizes), args.repeat))
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+    elif args.url:
+        run = measure_mysql if is_mysql(args.url) else measure
+        results = asyncio.run(run(args.url, tuple(args.sizes), args.repeat))
+    else:
+        p.error("give --url (or --from-json)")
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import datetime as dt
 import json
 import os
 import re
@@ -53,13 +54,23 @@ THIS_FILE = Path(__file__).resolve()
 DEFAULT_JOBS = 100
 DEFAULT_DURATION = 60.0
 SETTLE = 2.0
+UNRESOLVED = 1000
+"""Rows of unknown task names, 20 days overdue, that the cleanup after the window deletes."""
 POLLING_INTERVAL = 10.0
 """The library's default (PT10S); the worker does not change it unless told."""
 
 _KINDS: list[tuple[str, re.Pattern[str]]] = [
     (
         "poll (claim due rows)",
-        re.compile(r"FOR UPDATE SKIP LOCKED.*claimed AS|LEFT JOIN LATERAL", re.S | re.I),
+        re.compile(
+            r"FOR UPDATE SKIP LOCKED.*claimed AS|LEFT JOIN LATERAL|"
+            r"execution_time ASC\s+(LIMIT \S+\s+)?FOR UPDATE SKIP LOCKED",  # MySQL/MariaDB
+            re.S | re.I,
+        ),
+    ),
+    (
+        "poll: clock and next due time (MySQL/MariaDB)",
+        re.compile(r"^\s*SELECT UTC_TIMESTAMP\(6\) AS db_now, \(SELECT MIN", re.I),
     ),
     ("optimistic claim", re.compile(r"WITH candidates AS", re.I)),
     ("heartbeat", re.compile(r"SET last_heartbeat = now\(\)", re.I)),
@@ -100,6 +111,13 @@ class IdleRun:
     rss_kib: int | None
     cpu_seconds: float | None
     errors: list[str]
+    connections: int | None = None
+    """The instance's connections to the database during the window (server side)."""
+    startup: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The worker's own timings and memory: ``ready_s`` (start to ready), ``rss_ready_kib``,
+    ``rss_before_kib`` (before the registry was built), ``cleanup_s`` (the unresolved-row
+    cleanup over every name, after the window), ``recurring_rows_s`` (startup's read of the
+    recurring rows)."""
 
     @property
     def counts(self) -> dict[str, int]:
@@ -164,6 +182,23 @@ async def _stat_read(server: common.ServerInfo, database: str) -> list[dict[str,
         await engine.dispose()
 
 
+async def _connections(server: common.ServerInfo, database: str) -> int | None:
+    mysql = common.is_mysql_url(server.url)
+    sql = (
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = :d"
+        if mysql
+        else "SELECT count(*) FROM pg_stat_activity WHERE datname = :d"
+    )
+    engine = create_async_engine(server.url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            return int((await conn.execute(text(sql), {"d": database})).scalar_one())
+    except Exception:
+        return None
+    finally:
+        await engine.dispose()
+
+
 async def run_idle(
     server: common.ServerInfo,
     *,
@@ -176,19 +211,21 @@ async def run_idle(
     server_statements: list[dict[str, Any]] = []
     server_counts: dict[str, int] | None = None
     client_counts: dict[str, int] = {}
-    rss = cpu = None
+    rss = cpu = connections = None
+    startup: dict[str, float] = {}
+    ready_within = 120.0 + jobs / 100  # 100,000 schedules: minutes on a loaded 2-core machine
     async with common.fresh_schema(server.url, "ekbatan_idle") as db_url:
         database = db_url.rsplit("/", 1)[1].split("?", 1)[0]
         with tempfile.TemporaryDirectory(prefix="ekbatan-idle-") as work:
             result = Path(work) / "counts.json"
             args = [sys.executable, str(THIS_FILE), "--worker", "--url", db_url]
             args += ["--jobs", str(jobs), "--result", str(result)]
-            args += ["--deadline", repr(time.monotonic() + settle + duration + 300)]
+            args += ["--deadline", repr(time.monotonic() + ready_within + settle + duration + 300)]
             if polling_interval is not None:
                 args += ["--polling-interval", repr(polling_interval)]
             child = await common.Child.spawn(args, Path(work) / "worker.log", "idle worker")
             try:
-                await child.expect("ready", 120.0)
+                await child.expect("ready", ready_within)
                 await asyncio.sleep(settle)
                 await child.send("mark")
                 await child.expect("marked", 30.0)
@@ -198,13 +235,15 @@ async def run_idle(
                 await asyncio.sleep(duration)
                 if server.stat_statements:
                     server_statements = await _stat_read(server, database)
+                connections = await _connections(server, database)
                 rss = common.process_rss_kib(child.pid)
                 cpu_after = common.process_cpu_seconds(child.pid)
                 if cpu_before is not None and cpu_after is not None:
                     cpu = cpu_after - cpu_before
                 await child.send("stop")
-                await child.expect("done", 60.0)
-                client_counts = json.loads(result.read_text())
+                await child.expect("done", 60.0 + jobs / 100)
+                answer = json.loads(result.read_text())
+                client_counts, startup = answer["counts"], answer["startup"]
             except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
             finally:
@@ -226,6 +265,8 @@ async def run_idle(
         rss_kib=rss,
         cpu_seconds=cpu,
         errors=errors,
+        connections=connections,
+        startup=startup,
     )
 
 
@@ -245,8 +286,20 @@ def format_table(run: IdleRun) -> str:
     lines.append("")
     lines.append(
         f"{run.jobs} recurring jobs, idle; RSS {rss}; CPU {cpu} in {run.duration:g} s; "
-        f"poll statements per polling interval: {run.polls_per_interval:.2f} (goal <= 1)"
+        f"poll statements per polling interval: {run.polls_per_interval:.2f} (goal <= 1); "
+        f"connections to the database: {run.connections}"
     )
+    if run.startup:
+        st = run.startup
+        lines.append("")
+        lines.append(
+            f"startup: ready in {st.get('ready_s', 0):.2f} s; "
+            f"RSS {st.get('rss_before_kib', 0) / 1024:.1f} MiB before the registry, "
+            f"{st.get('rss_ready_kib', 0) / 1024:.1f} MiB when ready; "
+            f"unresolved-row cleanup over {run.jobs} names {st.get('cleanup_s', 0):.2f} s "
+            f"(deleted {st.get('cleanup_deleted', 0):.0f}); recurring-row read "
+            f"{st.get('recurring_rows_s', 0):.2f} s"
+        )
     return "\n".join(lines)
 
 
@@ -257,6 +310,7 @@ async def _worker(args: argparse.Namespace) -> int:
     from sqlalchemy import event
 
     from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules
+    from ekbatan_fastapi.domain.job import RECURRING_INSTANCE
     from ekbatan_fastapi.store.probe import StoreProbe, add_probe
 
     class FarJob(DistributedJob):
@@ -272,9 +326,11 @@ async def _worker(args: argparse.Namespace) -> int:
         async def execute(self, ctx: ExecutionContext) -> None:
             print(f"unexpected execution of {ctx.task_name}", file=sys.stderr, flush=True)
 
+    rss_before = common.process_rss_kib(os.getpid()) or 0
+    names = [f"idle-{j:03d}" for j in range(args.jobs)]
     registry = common.worker_registry(
         args.url,
-        [FarJob(f"idle-{j:03d}") for j in range(args.jobs)],
+        [FarJob(name) for name in names],
         name=f"idle-{os.getpid()}",
         polling_interval=args.polling_interval,
     )
@@ -298,16 +354,43 @@ async def _worker(args: argparse.Namespace) -> int:
 
     add_probe(Counted())
     commands = common.stdin_commands()
+    began = time.monotonic()
     await registry.start()
+    startup: dict[str, float] = {"rss_before_kib": rss_before}
     try:
-        if not await registry.wait_until_ready(60.0):
+        if not await registry.wait_until_ready(60.0 + args.jobs / 100):
             return 1
+        startup["ready_s"] = time.monotonic() - began
+        startup["rss_ready_kib"] = common.process_rss_kib(os.getpid()) or 0
         print("ready", flush=True)
         await common.wait_for_stop(commands, args.deadline, mark, most=10)
         window = dict(counts)
+        # after the window (not counted in it): the hourly cleanup and startup's read, once
+        tasks = registry.scheduler.store.tasks
+        from sqlalchemy import insert
+
+        from ekbatan_fastapi import scheduled_tasks
+
+        old = dt.datetime.now(dt.UTC) - dt.timedelta(days=20)
+        async with registry.engine.begin() as conn:  # 1,000 unresolved rows to clean up
+            await conn.execute(
+                insert(scheduled_tasks),
+                [
+                    {"task_name": f"gone-{i}", "task_instance": "x", "execution_time": old}
+                    | {"picked": False, "version": 1, "priority": 0}
+                    for i in range(UNRESOLVED)
+                ],
+            )
+        began = time.monotonic()
+        deleted = await tasks.delete_unresolved(names, dt.timedelta(days=14))
+        startup["cleanup_s"] = time.monotonic() - began
+        startup["cleanup_deleted"] = deleted
+        began = time.monotonic()
+        await tasks.recurring_rows(names, RECURRING_INSTANCE)
+        startup["recurring_rows_s"] = time.monotonic() - began
     finally:
         await registry.stop()
-    await common.write_result(args.result, window)
+    await common.write_result(args.result, {"counts": window, "startup": startup})
     return 0
 
 

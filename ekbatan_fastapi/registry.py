@@ -251,6 +251,13 @@ class JobRegistryBuilder:
             )
         if self._scheduler._pooler == TRANSACTION_POOLING and config.listen:
             config.listen = False  # LISTEN would hold a shared server connection, deaf
+        if config.listen and _pool_size(provider) == 1:
+            # LISTEN holds its connection for good: the only one would be gone for the polls
+            config.listen = False
+            log.info(
+                "pool_size=1: no LISTEN (it would hold the only connection); new work is "
+                "found by the polls, within one polling interval"
+            )
         store = open_store(
             provider.engine,
             self._scheduler._dialect or provider.dialect,
@@ -284,6 +291,15 @@ class JobRegistryBuilder:
                 TRANSACTION_POOLING,
             )
         return provider
+
+
+def _pool_size(provider: ConnectionProvider) -> int | None:
+    """The most connections the provider's pool opens, where the pool says (QueuePool)."""
+    pool: Any = provider.engine.pool
+    size, overflow = getattr(pool, "size", None), getattr(pool, "_max_overflow", None)
+    if callable(size) and isinstance(overflow, int) and overflow >= 0:
+        return int(size()) + overflow
+    return None
 
 
 def _validate_jobs(jobs: list[Job]) -> list[Job]:

@@ -90,6 +90,16 @@ async def test_idle_cost_harness_counts_polls(server: common.ServerInfo) -> None
     assert run.client_counts.get("poll (claim due rows)", 0) >= 1
     assert run.rss_kib is not None and run.rss_kib > 0
     assert "poll (claim due rows)" in idle_cost.format_table(run)
+    assert run.startup["ready_s"] > 0 and run.startup["cleanup_deleted"] == idle_cost.UNRESOLVED
+    assert run.connections is not None and 1 <= run.connections <= 5
+
+
+async def test_idle_cost_harness_runs_on_mysql(mysql_server_url: str) -> None:
+    server = common.ServerInfo(url=mysql_server_url, kind="test server")
+    run = await idle_cost.run_idle(server, jobs=5, duration=1.2, settle=0.2, polling_interval=0.3)
+    assert not run.errors, run.errors
+    assert run.client_counts.get("poll (claim due rows)", 0) >= 1
+    assert run.startup["cleanup_deleted"] == idle_cost.UNRESOLVED
 
 
 def test_classify_statement_kinds() -> None:

@@ -61,7 +61,11 @@ async def _fill(engine: AsyncEngine) -> None:
     ]
     async with engine.begin() as conn:
         if is_mysql(engine):
-            await conn.execute(text("SET SESSION cte_max_recursion_depth = 1000000"))
+            version = str((await conn.execute(text("SELECT VERSION()"))).scalar())
+            depth = (
+                "max_recursive_iterations" if "MariaDB" in version else "cte_max_recursion_depth"
+            )
+            await conn.execute(text(f"SET SESSION {depth} = 1000000"))
         await conn.execute(text(foreign))
         await conn.execute(
             insert(T), [r | {"picked": False, "version": 1, "priority": 0} for r in known]
@@ -186,3 +190,57 @@ async def test_polls_claim_by_priority_then_time_within_and_across_names(
             await conn.execute(T.update().where(T.c.task_name != "other").values(picked=False))
         got = await repo.poll(["a", "b"], 2, "me", strategy)
         assert sorted(r.task_instance for r in got.claimed) == sorted(expected[:2]), strategy
+
+
+async def _rows_read(conn: Any) -> int:
+    rows = await conn.execute(text("SHOW SESSION STATUS LIKE 'Handler_read%'"))
+    return sum(int(r[1]) for r in rows)
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["one-name", "three-names"])
+@pytest.mark.parametrize("strategy", list(PollingStrategy))
+async def test_mysql_polls_never_read_other_rows(
+    any_database: Database, any_engine: AsyncEngine, strategy: PollingStrategy, count: int
+) -> None:
+    """MySQL/MariaDB: with up to ``PER_NAME_MAX`` names a poll reads each name's due rows
+    through our index (one ``UNION ALL`` part per name) and the chosen rows by primary key:
+    the plan names no other index, and the server reads a few hundred rows, not the 50,000
+    due foreign ones (the statements before read them all)."""
+    if not is_mysql(any_engine):
+        pytest.skip("the plans of MySQL/MariaDB (PostgreSQL: test_postgres_polls_never_read_...)")
+    from ekbatan_fastapi.store.mysql import statements as mq
+
+    await _fill(any_engine)
+    store: Any = open_store(any_engine, any_database.dialect).tasks
+    locking = strategy == PollingStrategy.LOCK_AND_FETCH
+    if locking and not store.supports_skip_locked:
+        pytest.skip(f"{any_database.dialect} has no FOR UPDATE SKIP LOCKED")
+    t, p = "scheduled_tasks", "ekbatan_paused_tasks"
+    make = mq.lock_due_per_name if locking else mq.candidates_per_name
+    known = KNOWN[:count]
+    sql = make(t, p, count)
+    params = {"names": known, "limit": 50, **mq.name_params(known)}
+    async with any_engine.connect() as conn:
+        plan = [r._mapping for r in await conn.execute(store.db.sql("EXPLAIN " + sql), params)]
+        await conn.rollback()
+        before = await _rows_read(conn)
+        found = list(await conn.execute(store.db.sql(sql), params))
+        read = await _rows_read(conn) - before
+        await conn.rollback()
+    tables = [r for r in plan if r["table"] in ("scheduled_tasks", "r")]
+    # each known name's part (the next-due read of the fetch strategy is the earlier one)
+    parts = [r for r in tables if r["key"] == "ekbatan_task_name_priority_idx"]
+    assert len(parts) >= count, plan
+    for row in tables:
+        if row["key"] != "ekbatan_task_name_priority_idx":
+            assert row["key"] in ("PRIMARY", "execution_time_idx") or row is tables[0], plan
+    assert len([r for r in found if r[2 if not locking else 0] is not None]) == 3 * count
+    # the due rows of the known names: 9 index entries, 9 rows by key, the union's temporary
+    # table, the counter read itself; never the 50,000 due foreign rows
+    assert read < 500, (read, plan)
+    # and the poll itself claims exactly the known names' due rows
+    result = await store.poll(known, 50, "me", strategy)
+    assert sorted(r.task_instance for r in result.claimed) == sorted(
+        f"due-{i}" for _ in known for i in range(3)
+    )
+    assert {r.task_name for r in result.claimed} == set(known)

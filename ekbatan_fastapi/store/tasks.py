@@ -62,6 +62,8 @@ class TaskStore(abc.ABC):
     """``scheduled_tasks`` for one dialect; ``db`` sends the statements."""
 
     supports_skip_locked: bool = False
+    keys_per_statement: int = _UNRESOLVED_BATCH
+    """Primary keys a statement lists at most (``(task_name, task_instance) IN ...``)."""
     supports_notify: bool = False
     """True where ``listen`` can push "something became due" to every instance."""
     writes_history_with_finish: bool = False
@@ -246,8 +248,9 @@ class TaskStore(abc.ABC):
             last = found[-1]
             after = (last[0], last[1], last[2])
             keys = [(r[1], r[2]) for r in found if r[1] not in known]
-            if keys:
-                deleted += await self.db.rowcount(delete(t).where(key.in_(keys), *guards))
+            for start in range(0, len(keys), self.keys_per_statement):
+                chunk = keys[start : start + self.keys_per_statement]
+                deleted += await self.db.rowcount(delete(t).where(key.in_(chunk), *guards))
             if len(found) < _UNRESOLVED_BATCH:
                 return deleted
 

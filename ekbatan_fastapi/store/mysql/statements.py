@@ -13,9 +13,11 @@ __all__ = [
     "DEFAULT_LOCK_WAIT",
     "EXPANDING",
     "NOW",
+    "PER_NAME_MAX",
     "READ_COMMITTED",
     "SHORT_LOCK_WAIT",
     "candidates",
+    "candidates_per_name",
     "claim",
     "clock",
     "dead_candidates",
@@ -26,8 +28,10 @@ __all__ = [
     "lock_beating",
     "lock_dead",
     "lock_due",
+    "lock_due_per_name",
     "lock_keys",
     "lock_owned",
+    "name_params",
     "release",
     "replace",
     "reschedule_owned",
@@ -66,6 +70,34 @@ def _wanted(p: str | None) -> str:
     )
 
 
+PER_NAME_MAX = 100
+"""Up to this many job names, a poll reads each name's due rows through
+``ekbatan_task_name_priority_idx`` (migration V0004), one ``UNION ALL`` part per name, so rows
+of names it does not know are never read; beyond it, the due rows in time order with the
+names filtered (one statement of that size per poll costs more than it saves unless the table
+holds many foreign rows)."""
+
+
+def name_params(names: list[str]) -> dict[str, str]:
+    """The bound parameters of ``_due_per_name``: ``:name_0``, ``:name_1``, ..."""
+    return {f"name_{i}": name for i, name in enumerate(names)}
+
+
+def _due_per_name(t: str, p: str | None, count: int) -> str:
+    """The best ``:limit`` due unpicked rows of ``count`` names (no locks): per name a ``ref``
+    on ``ekbatan_task_name_priority_idx`` read in claim order, stopping at ``:limit``; rows of
+    other names are never read. (A name's future rows are walked when it has fewer due rows
+    than the limit, as its index range runs on past them.)"""
+    paused = f" AND task_name NOT IN (SELECT task_name FROM {p})" if p else ""
+    parts = " UNION ALL ".join(
+        f"(SELECT task_name, task_instance, priority, execution_time FROM {t} "
+        f"WHERE task_name = :name_{i} AND picked = 0 AND execution_time <= {NOW}{paused} "
+        "ORDER BY priority DESC, execution_time ASC LIMIT :limit)"
+        for i in range(count)
+    )
+    return f"{parts} ORDER BY priority DESC, execution_time ASC LIMIT :limit"
+
+
 # -- claiming ----------------------------------------------------------------------------------
 
 
@@ -83,6 +115,32 @@ LEFT JOIN (
     ORDER BY priority DESC, execution_time ASC
     LIMIT :limit
 ) AS c ON TRUE
+ORDER BY c.priority DESC, c.execution_time ASC
+"""
+
+
+def candidates_per_name(t: str, p: str | None, count: int) -> str:
+    """As ``candidates`` for ``count`` names given as ``:name_<i>`` (and ``:names`` for the
+    next due time)."""
+    if count == 1:
+        paused = f" AND task_name NOT IN (SELECT task_name FROM {p})" if p else ""
+        due = (
+            f"SELECT task_name, task_instance, version, priority, execution_time FROM {t} "
+            f"WHERE task_name = :name_0 AND picked = 0 AND execution_time <= {NOW}{paused} "
+            "ORDER BY priority DESC, execution_time ASC LIMIT :limit"
+        )
+    else:
+        due = (
+            "SELECT k.task_name, k.task_instance, r.version, k.priority, k.execution_time "
+            f"FROM ({_due_per_name(t, p, count)}) AS k JOIN {t} AS r "
+            "ON r.task_name = k.task_name AND r.task_instance = k.task_instance"
+        )
+    return f"""
+SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
+FROM (SELECT {NOW} AS db_now,
+        (SELECT MIN(execution_time) FROM {t}
+         WHERE picked = 0 AND execution_time > {NOW} AND {_wanted(p)}) AS next_due) AS x
+LEFT JOIN ({due}) AS c ON TRUE
 ORDER BY c.priority DESC, c.execution_time ASC
 """
 
@@ -106,6 +164,30 @@ SELECT {COLUMNS}, {NOW} AS db_now FROM {t}
 WHERE picked = 0 AND execution_time <= {NOW} AND {_wanted(p)}
 ORDER BY priority DESC, execution_time ASC
 LIMIT :limit
+FOR UPDATE SKIP LOCKED
+"""
+
+
+def lock_due_per_name(t: str, p: str | None, count: int) -> str:
+    """As ``lock_due`` for ``count`` names given as ``:name_<i>``: the candidates are read
+    without locks through our index, then those rows locked by primary key (skipping those a
+    peer holds) and checked again."""
+    if count == 1:  # one name: its index range in claim order, locked as it is read
+        paused = f" AND task_name NOT IN (SELECT task_name FROM {p})" if p else ""
+        return f"""
+SELECT {COLUMNS}, {NOW} AS db_now FROM {t}
+WHERE task_name = :name_0 AND picked = 0 AND execution_time <= {NOW}{paused}
+ORDER BY priority DESC, execution_time ASC
+LIMIT :limit
+FOR UPDATE SKIP LOCKED
+"""
+    cols = ", ".join(f"r.{c.strip()}" for c in COLUMNS.split(","))
+    return f"""
+SELECT {cols}, {NOW} AS db_now
+FROM ({_due_per_name(t, p, count)}) AS k
+JOIN {t} AS r ON r.task_name = k.task_name AND r.task_instance = k.task_instance
+WHERE r.picked = 0 AND r.execution_time <= {NOW}
+ORDER BY k.priority DESC, k.execution_time ASC
 FOR UPDATE SKIP LOCKED
 """
 
