@@ -57,6 +57,13 @@ def _plain(url: str) -> str:
     return url.replace("postgresql+asyncpg://", "postgresql://")
 
 
+def _on_database(url: str, name: str) -> str:
+    """``url`` on database ``name`` (a socket directory in the query stays where it is)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
 async def _fill(conn: asyncpg.Connection, foreign: int) -> None:
     await conn.execute("TRUNCATE scheduled_tasks")
     await conn.execute(
@@ -103,10 +110,10 @@ async def measure(url: str, sizes: tuple[int, ...], repeat: int) -> list[dict[st
     try:
         from sqlalchemy.ext.asyncio import create_async_engine
 
-        engine = create_async_engine(url.rsplit("/", 1)[0] + f"/{name}")
+        engine = create_async_engine(_on_database(url, name))
         await create_schema(engine, operations=True)
         await engine.dispose()
-        conn = await asyncpg.connect(base.rsplit("/", 1)[0] + f"/{name}")
+        conn = await asyncpg.connect(_plain(_on_database(url, name)))
         try:
             for size in sizes:
                 await _fill(conn, size)
@@ -230,25 +237,28 @@ async def measure_mysql(url: str, sizes: tuple[int, ...], repeat: int) -> list[d
     from ekbatan_fastapi.store.dialects import open_store
 
     name = f"bench_foreign_{uuid.uuid4().hex[:8]}"
-    server = url.rsplit("/", 1)[0]
     admin = create_async_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
     async with admin.connect() as c:
         await c.execute(text(f"CREATE DATABASE `{name}`"))
     results: list[dict[str, Any]] = []
-    engine = create_async_engine(f"{server}/{name}", poolclass=NullPool)
+    engine = create_async_engine(_on_database(url, name), poolclass=NullPool)
     try:
         await create_schema(engine, operations=True)
         store = open_store(engine, engine.dialect.name).tasks
-        _, _, clock = store._poll_sql[False]  # type: ignore[attr-defined]
-        claim = store._claim  # type: ignore[attr-defined]
+        # the dialect's statement texts (its statements module), as the store compiles them
+        sql = store.db.sql  # type: ignore[attr-defined]
+        clock = sql(mq.clock("scheduled_tasks", None))
+        claim = sql(mq.claim("scheduled_tasks"))
         known = ["bench-noop", *RECURRING]
 
         def poll_sql(version: str, names: list[str]) -> tuple[Any, Any, dict[str, Any]]:
             """(candidates, lock_due, their parameters) of this version or the one before."""
             if version == "before":
-                candidates, lock_due, _ = store._poll_sql[False]  # type: ignore[attr-defined]
+                candidates = sql(mq.candidates("scheduled_tasks", None))
+                lock_due = sql(mq.lock_due("scheduled_tasks", None))
                 return candidates, lock_due, {"names": names, "limit": 50}
-            candidates, lock_due = store._per_name_sql(False, len(names))  # type: ignore[attr-defined]
+            candidates = sql(mq.candidates_per_name("scheduled_tasks", None, len(names)))
+            lock_due = sql(mq.lock_due_per_name("scheduled_tasks", None, len(names)))
             return candidates, lock_due, {"names": names, "limit": 50, **mq.name_params(names)}
 
         async with engine.connect() as conn:
