@@ -191,14 +191,18 @@ async def test_log_handler_none_leaves_logging_alone_under_uvicorn(
 
 @contextmanager
 def unconfigured_logging() -> Iterator[None]:
-    """The root logger as under uvicorn: no handler (pytest's own are put back after)."""
-    root = logging.getLogger()
-    saved = root.handlers[:]
-    root.handlers.clear()
+    """The root logger as under uvicorn: no handler (pytest's own are put back after); and no
+    server's loggers configured yet (an earlier test that served an app with uvicorn in this
+    process left ``uvicorn.error``'s handlers in place)."""
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn.error", "uvicorn")]
+    saved = [(lg, lg.handlers[:]) for lg in loggers]
+    for lg in loggers:
+        lg.handlers.clear()
     try:
         yield
     finally:
-        root.handlers[:] = saved
+        for lg, handlers in saved:
+            lg.handlers[:] = handlers
 
 
 def test_nothing_is_attached_when_the_application_configured_logging() -> None:

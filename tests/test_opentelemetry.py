@@ -338,8 +338,8 @@ from ekbatan_fastapi import ExecutionContext, OneTimeJob, job_registry
 class Job(OneTimeJob):
     def __init__(self):
         self.done = asyncio.Event()
-    def name(self):
-        return "job"
+    def name(self):  # each mode its own job: the two processes share the database
+        return "job-" + sys.argv[2]
     async def execute(self, ctx: ExecutionContext) -> None:
         self.done.set()
 
@@ -353,7 +353,7 @@ async def main():
         builder.customize_scheduler(lambda b: b.observer(tracing))
     async with builder.build() as registry:
         assert await registry.wait_until_ready(20)
-        await registry.client.schedule("job", "one")
+        await registry.client.schedule("job-" + sys.argv[2], "one")
         await asyncio.wait_for(job.done.wait(), 20)
     print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")))
 
