@@ -480,18 +480,13 @@ class TaskStore(abc.ABC):
     # -- optional push notifications ------------------------------------------------------
 
     async def notify(self, execution_time: datetime | None) -> None:
-        """Tell every listening instance that a row is due at ``execution_time`` (None: now).
-
-        A no-op where the dialect has no notifications: instances then learn of new work
-        when they poll.
-        """
+        """Tell every listening instance that a row is due at ``execution_time`` (None: now);
+        a no-op where the dialect has no notifications (instances learn of it when they poll)."""
         return None
 
     async def listen(self, on_due: Callable[[datetime | None], None]) -> None:
-        """Call ``on_due`` for every notification until the connection is lost (then raise).
-
-        Only dialects with ``supports_notify`` implement it.
-        """
+        """Call ``on_due`` for every notification until the connection is lost (then raise);
+        only dialects with ``supports_notify`` implement it."""
         raise NotImplementedError(f"{self.dialect_name} has no notifications")
 
     # -- for benchmarks -------------------------------------------------------------------

@@ -438,29 +438,24 @@ class MySQLTaskStore(TaskStore):
         if not owned:
             return set()
         keys = [(o.task_name, o.task_instance, o.version) for o in owned]
-        if not self.supports_skip_locked:
-            if await self.db.rowcount(self._heartbeat, owned_params(keys)) == len(set(keys)):
-                return {o.key for o in owned}
-            beaten: set[TaskKey] = set()
-        else:
-
-            async def beat(conn: AsyncConnection) -> set[TaskKey]:
-                locked = [
-                    (str(r[0]), str(r[1]))
-                    for r in await conn.execute(self._lock_beating, owned_params(keys))
-                ]
-                if locked:
-                    await conn.execute(self._heartbeat_keys, {"keys": locked})
-                return set(locked)
-
-            beaten = await self.db.transaction(beat)
-            if len(beaten) == len(set(keys)):
-                return {o.key for o in owned}
+        beaten = await self.db.transaction(functools.partial(self._beat, keys))
+        if len(beaten) == len(set(keys)):
+            return {o.key for o in owned}
         # Rows missed: revived elsewhere (no longer ours), or held by another transaction
         # (still ours: revival skips locked rows too; the next round beats them).
         async with self.db.connect() as conn:
             result = await conn.execute(self._still_owned, owned_params(keys))
             return beaten | {(r[0], r[1]) for r in result}
+
+    async def _beat(self, keys: list[tuple[str, str, int]], conn: AsyncConnection) -> set[TaskKey]:
+        params = owned_params(keys)
+        if not self.supports_skip_locked:  # MySQL 5: one plain update
+            done = (await conn.execute(self._heartbeat, params)).rowcount
+            return set(params["keys"]) if done == len(set(keys)) else set()
+        locked = [(str(r[0]), str(r[1])) for r in await conn.execute(self._lock_beating, params)]
+        if locked:
+            await conn.execute(self._heartbeat_keys, {"keys": locked})
+        return set(locked)
 
     async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
         """A plain read finds candidates (the usual answer is none) and the next death; a
