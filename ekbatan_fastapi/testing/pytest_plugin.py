@@ -68,13 +68,18 @@ def ekbatan_postgres_server_url() -> Iterator[str]:
         server.cleanup()
 
 
-async def _create(server_url: str, name: str) -> str:
+async def _as_admin(server_url: str, statement: str) -> None:
+    """One statement outside a transaction (CREATE/DROP DATABASE) on the server."""
     admin = create_async_engine(server_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
     try:
         async with admin.connect() as conn:
-            await conn.execute(text(f'CREATE DATABASE "{name}"'))
+            await conn.execute(text(statement))
     finally:
         await admin.dispose()
+
+
+async def _create(server_url: str, name: str) -> str:
+    await _as_admin(server_url, f'CREATE DATABASE "{name}"')
     url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
     engine = create_async_engine(url, poolclass=NullPool)
     try:
@@ -85,12 +90,7 @@ async def _create(server_url: str, name: str) -> str:
 
 
 async def _drop(server_url: str, name: str) -> None:
-    admin = create_async_engine(server_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
-    try:
-        async with admin.connect() as conn:
-            await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        await admin.dispose()
+    await _as_admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
