@@ -97,6 +97,8 @@ class BenchOptions:
     """Rerun a run during which other processes used more than this many cores."""
     retries: int = 3
     """How many times a noisy run (see ``max_foreign``) is rerun at most."""
+    uvloop: bool = False
+    """Workers run on uvloop's event loop (as uvicorn does when uvloop is installed)."""
     settle: float = 0.0
     history: bool = True
     """Record every execution in the history table (the library's default); ``--no-history``
@@ -644,6 +646,8 @@ async def _spawn(
         args.append("--no-history")
     if options.transactional:
         args.append("--transactional")
+    if options.uvloop:
+        args.append("--uvloop")
     if options.max_concurrency is not None:
         args += ["--max-concurrency", str(options.max_concurrency)]
     if options.pgbouncer == "transaction":
@@ -1105,6 +1109,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="workers connect through a private PgBouncer in this mode (PostgreSQL only)",
     )
     p.add_argument("--pooler", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="workers run on uvloop (pip install uvloop; uvicorn's loop when installed)",
+    )
     p.add_argument("--json", type=Path, help="write every run and the summary here")
     p.add_argument("--cprofile-dir", type=Path, help="cProfile each worker's timed part")
     p.add_argument("--worker-prefix", default="", help="e.g. 'py-spy record -o x.svg --'")
@@ -1133,6 +1142,10 @@ async def _interruptible(work: Coroutine[Any, Any, T]) -> T:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     if args.worker:
+        if args.uvloop:
+            import uvloop
+
+            return uvloop.run(_worker(args))
         return asyncio.run(_worker(args))
     quick = args.quick
     options = BenchOptions(
@@ -1153,6 +1166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         transactional=args.transactional,
         max_concurrency=args.max_concurrency,
         pgbouncer=args.pgbouncer,
+        uvloop=args.uvloop,
     )
     if args.url:
         check_local(args.url)

@@ -33,7 +33,7 @@ def _never() -> bool:
     return False
 
 
-@dataclass
+@dataclass(slots=True)
 class HeartbeatState:
     """This instance's own view of an execution's heartbeats (db-scheduler's definitions).
 

@@ -170,9 +170,18 @@ class Completer:
         # row's version, and the store answers with keys: the older results are not sent,
         # and count as superseded.
         newest: dict[TaskKey, int] = {}
+        repeated = False
         for finish, _ in items:
             owned = finish.owned
-            newest[owned.key] = max(newest.get(owned.key, owned.version), owned.version)
+            key = (owned.task_name, owned.task_instance)
+            seen = newest.get(key)
+            if seen is None:
+                newest[key] = owned.version
+            else:
+                repeated = True
+                newest[key] = max(seen, owned.version)
+        if not repeated:
+            return _Batch(items, [f for f, _ in items], newest)
         current = [f for f, _ in items if f.owned.version == newest[f.owned.key]]
         return _Batch(items, current, newest)
 

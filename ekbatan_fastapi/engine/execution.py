@@ -34,7 +34,7 @@ _MESSAGE_LIMIT = 2000
 """Characters of an error message kept in the history (the column's limit)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Execution:
     """A row this instance claimed and is running (or recording the result of)."""
 

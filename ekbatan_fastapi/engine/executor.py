@@ -8,6 +8,7 @@ import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from typing import Any
 
@@ -75,6 +76,8 @@ class Executor:
         """Awaited before a recurring row's next time is computed (the newest schedule)."""
         self._timer = TimeoutRunner(name, config.grace)
         self._threads: ThreadPoolExecutor | None = None
+        self._stopping = lambda: state.stopping
+        """Answers ``ctx.is_shutting_down`` (one function for every execution)."""
 
     def launch(self, row: TaskRow) -> None:
         """Start running a row this instance claimed."""
@@ -139,25 +142,29 @@ class Executor:
         bind_log_context(
             task_name=row.task_name, task_instance=row.task_instance, scheduler=self.name
         )
-        began = self.config.clock.monotonic()
+        monotonic = self.config.clock.monotonic
+        began = monotonic()
         try:
-            async with self.observer.execution_scope(execution):  # e.g. its span (otel)
-                began = self.config.clock.monotonic()
+            if self.observer.scopes_executions:
+                async with self.observer.execution_scope(execution):  # e.g. its span (otel)
+                    error, cancelled = await self._call_job(execution)
+            else:
                 error, cancelled = await self._call_job(execution)
         except Abandoned:
             self.running.forget(execution)  # no more heartbeats: revived after the dead window
             return
         finally:
             self.running.returned()
-        execution.duration = self.config.clock.monotonic() - began
+        execution.duration = monotonic() - began
         if execution.settled is not None:
             self._after_commit(execution, error)
             return
-        if self._before_recording is not None and execution.recurring and not cancelled:
+        if self._before_recording is not None and not cancelled and execution.recurring:
             await self._before_recording()
             execution.schedule = self.schedules.get(execution.row.task_name, execution.schedule)
-        self._log_failure(execution, error)
-        execution.error = error
+        if error is not None:
+            self._log_failure(execution, error)
+            execution.error = error
         execution.finished_at = self.link.now()
         finish = execution.finish(
             execution.finished_at,
@@ -180,7 +187,7 @@ class Executor:
         assert execution.settled is not None
         self.settled(execution.settled, execution)
 
-    def _log_failure(self, execution: Execution, error: BaseException | None) -> None:
+    def _log_failure(self, execution: Execution, error: BaseException) -> None:
         if isinstance(error, ExecutionSuperseded):
             log.warning("%s", error, extra=self._extra(execution.row))
         elif isinstance(error, JobTimedOut):
@@ -190,9 +197,9 @@ class Executor:
                 execution.row.execution_time.isoformat(),
                 extra=self._extra(execution.row),
             )
-        elif error is not None and error is execution.unfit:
+        elif error is execution.unfit:
             log.error("%s", error, extra=self._extra(execution.row))
-        elif error is not None:
+        else:
             log.error(
                 "%s (slot %s) failed",
                 execution.label,
@@ -203,8 +210,7 @@ class Executor:
 
     async def _call_job(self, execution: Execution) -> tuple[BaseException | None, bool]:
         """Run the job: (the exception it raised, whether it was cancelled at shutdown)."""
-        opener = self.transactions(execution) if self.transactions is not None else None
-        ctx = execution.context(lambda: self.state.stopping, opener)
+        ctx = execution.context(self._stopping, self._opener(execution))
         if (unfit := execution.unfit_data(ctx)) is not None:
             return unfit, False  # parked: execute() is not called
         timeout = self._timeouts.get(execution.row.task_name)
@@ -237,6 +243,21 @@ class Executor:
         except Exception as exc:
             return exc, False
         return None, False
+
+    def _opener(self, execution: Execution) -> TransactionOpener | None:
+        """What ``ctx.transaction()`` opens, built on its first use (most jobs never open
+        one, and the hot path pays for a closure only)."""
+        make = self.transactions
+        if make is None:
+            return None
+        made: list[TransactionOpener] = []
+
+        def open_transaction(target: Any = None) -> AbstractAsyncContextManager[Any]:
+            if not made:
+                made.append(make(execution))
+            return made[0](target)
+
+        return open_transaction
 
     async def _call_sync(
         self, execution: Execution, ctx: ExecutionContext, timeout: timedelta | None

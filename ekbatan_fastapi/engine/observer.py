@@ -244,6 +244,8 @@ class ObserverDispatch:
         self._last_logged: dict[tuple[int, str], float] = {}
         self.errors = 0
         self._executions = [o for o in self.observers if _overrides(o, "execution_scope")]
+        self.scopes_executions = bool(self._executions)
+        """An observer wraps each execution (``execution_scope``): without, none is entered."""
         self._statements = [o for o in self.observers if _overrides(o, "statement_scope")]
         self._carriers = [o for o in self.observers if _overrides(o, "scheduling_context")]
         self.carries_context = bool(self._carriers)

@@ -51,6 +51,13 @@ def _task_row(r: Any) -> TaskRow:
     return TaskRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
 
 
+def _column(values: list[Any]) -> list[Any] | None:
+    """A statement's array of one column, or NULL where every value is NULL: ``unnest`` of
+    several arrays pads a shorter (or NULL) one with NULLs, and asyncpg does not have to
+    encode (and type-check) each element."""
+    return None if values.count(None) == len(values) else values
+
+
 def _owned_params(owned: Sequence[Owned]) -> dict[str, Any]:
     return {
         "names": [o.task_name for o in owned],
@@ -69,8 +76,8 @@ def _history_params(history: Sequence[ExecutionRecord]) -> dict[str, Any]:
         [r.started_at for r in history],
         [r.finished_at for r in history],
         [r.outcome for r in history],
-        [r.error_class for r in history],
-        [r.error_message for r in history],
+        _column([r.error_class for r in history]),
+        _column([r.error_message for r in history]),
     )
     return dict(zip(q.HISTORY_PARAMS, columns, strict=True))
 
@@ -272,7 +279,7 @@ class PostgresTaskStore(TaskStore):
         if not items and not history:
             return set()
         params = _owned_params([i.owned for i in items])
-        params["next_times"] = [i.next_time for i in items]
+        params["next_times"] = _column([i.next_time for i in items])
         params["kinds"] = [int(i.kind) for i in items]
         if not history:
             rows = await self._fetch(self._finish_sql, params, lease)
