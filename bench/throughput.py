@@ -97,6 +97,10 @@ class BenchOptions:
     """Rerun a run during which other processes used more than this many cores."""
     retries: int = 3
     """How many times a noisy run (see ``max_foreign``) is rerun at most."""
+    warm: bool = False
+    """Start every worker's scheduler first, then insert the rows: the clock runs from their
+    commit (a running fleet), not from the release of freshly started workers (whose startup,
+    K at once, is then part of the run)."""
     uvloop: bool = False
     """Workers run on uvloop's event loop (as uvicorn does when uvloop is installed)."""
     settle: float = 0.0
@@ -358,8 +362,8 @@ FROM generate_series(1, :n) AS g
 """
 
 
-async def load_table(engine: AsyncEngine, n: int, how: str) -> float:
-    """Recreate the table and insert ``n`` due rows; returns the insert's seconds."""
+async def recreate_table(engine: AsyncEngine) -> None:
+    """Drop and create ``scheduled_tasks`` (empty), and empty the history."""
     from ekbatan_fastapi import create_schema
 
     auto = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -370,6 +374,14 @@ async def load_table(engine: AsyncEngine, n: int, how: str) -> float:
     await create_schema(engine)
     async with auto.connect() as conn:
         await conn.execute(text(f"TRUNCATE TABLE {HISTORY_TABLE}"))
+
+
+async def load_table(engine: AsyncEngine, n: int, how: str, *, recreate: bool = True) -> float:
+    """Recreate the table (unless not ``recreate``) and insert ``n`` due rows; returns the
+    insert's seconds."""
+    if recreate:
+        await recreate_table(engine)
+    auto = engine.execution_options(isolation_level="AUTOCOMMIT")
     mysql = engine.dialect.name in ("mysql", "mariadb")
     started = time.perf_counter()
     if how == "sql" and mysql:  # no generate_series: a multi-row insert per 5,000 rows
@@ -403,6 +415,8 @@ async def load_table(engine: AsyncEngine, n: int, how: str) -> float:
     else:
         raise ValueError(f"unknown insert mode {how!r}")
     seconds = time.perf_counter() - started
+    if not recreate:
+        return seconds
     async with auto.connect() as conn:
         if mysql:
             await conn.execute(text(f"ANALYZE TABLE {TABLE}"))
@@ -648,6 +662,8 @@ async def _spawn(
         args.append("--transactional")
     if options.uvloop:
         args.append("--uvloop")
+    if options.warm:
+        args.append("--warm")
     if options.max_concurrency is not None:
         args += ["--max-concurrency", str(options.max_concurrency)]
     if options.pgbouncer == "transaction":
@@ -690,7 +706,10 @@ async def run_once(
     run_dir = work / f"{strategy}-k{processes}-r{repeat}-a{attempt}"
     run_dir.mkdir(parents=True)
     try:
-        load_seconds = await load_table(engine, options.n, options.insert)
+        if options.warm:
+            await recreate_table(engine)
+        else:
+            load_seconds = await load_table(engine, options.n, options.insert)
         busy_before = await settle(options.settle)
         loop = asyncio.get_running_loop()
         start_deadline = loop.time() + options.timeout
@@ -704,9 +723,15 @@ async def run_once(
                 )
             )
         await asyncio.gather(*(w.expect("ready", start_deadline - loop.time()) for w in workers))
+        if options.warm:  # start them all, then give them the rows
+            await asyncio.gather(*(w.send("go") for w in workers))
+            await asyncio.gather(
+                *(w.expect("started", start_deadline - loop.time()) for w in workers)
+            )
+            load_seconds = await load_table(engine, options.n, options.insert, recreate=False)
         watch = CpuWatch({w.proc.pid for w in workers}, await server_pids(engine))
         go = time.monotonic()
-        await asyncio.gather(*(w.send("go") for w in workers))
+        await asyncio.gather(*(w.send("run" if options.warm else "go") for w in workers))
         timed_out = True
         run_deadline = loop.time() + options.timeout
         while loop.time() < run_deadline:
@@ -1017,10 +1042,19 @@ async def _worker(args: argparse.Namespace) -> int:
     cpu_at_go = time.process_time()
     cpu_seconds = 0.0
     if command == "go":
+        if args.warm:  # started first; the rows arrive after "started"
+            await registry.start()
+            await registry.wait_until_ready(remaining())
+            print("started", flush=True)
+            await commands.get()  # "run": the rows are committed
+            go, cpu_at_go = time.monotonic(), time.process_time()
         if profiler is not None:
             profiler.enable()
         stats.started = time.monotonic()
-        await registry.start()
+        if args.warm:
+            registry.scheduler.request_poll()  # as a NOTIFY of scheduled rows would
+        else:
+            await registry.start()
         try:
             async with asyncio.timeout(remaining()):
                 await commands.get()  # "stop" (or "eof" when the parent went away)
@@ -1110,6 +1144,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--pooler", help=argparse.SUPPRESS)
     p.add_argument(
+        "--warm",
+        action="store_true",
+        help="start the workers' schedulers before inserting the rows (clock from the commit)",
+    )
+    p.add_argument(
         "--uvloop",
         action="store_true",
         help="workers run on uvloop (pip install uvloop; uvicorn's loop when installed)",
@@ -1167,6 +1206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_concurrency=args.max_concurrency,
         pgbouncer=args.pgbouncer,
         uvloop=args.uvloop,
+        warm=args.warm,
     )
     if args.url:
         check_local(args.url)

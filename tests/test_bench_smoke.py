@@ -28,3 +28,24 @@ async def test_throughput_harness_completes_with_matching_counts(
         assert result.rate is not None
     assert all(s.ok_runs == 1 and s.median is not None for s in summarize(results))
     assert info["server_version"]
+
+
+async def test_throughput_harness_warm_mode_gives_started_workers_the_rows(
+    postgres_server_url: str,
+) -> None:
+    """``--warm``: the schedulers start first, the rows are inserted after (a running fleet)."""
+    options = BenchOptions(
+        n=200,
+        processes=(2,),
+        strategies=("lock-and-fetch",),
+        repeat=1,
+        timeout=60.0,
+        verbose=False,
+        warm=True,
+    )
+    results, _ = await run_benchmark(options, postgres_server_url)
+
+    (result,) = results
+    assert result.ok, result.as_dict()
+    assert result.executed == result.distinct == result.recorded == 200
+    assert len(result.per_worker) == 2

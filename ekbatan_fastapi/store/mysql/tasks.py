@@ -9,7 +9,6 @@ dialects connect with ``CLIENT_FOUND_ROWS``: matched rows, not changed rows).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -346,8 +345,7 @@ class MySQLTaskStore(TaskStore):
             raise RuntimeError(f"claimed {updated.rowcount} of {len(keys)} locked rows")
         claimed_at = _aware(now)
         return [
-            dataclasses.replace(
-                self.to_row(r),
+            self.to_row(r)._replace(
                 picked=True,
                 picked_by=picked_by,
                 last_heartbeat=claimed_at,
