@@ -130,7 +130,8 @@ async def measure(url: str, sizes: tuple[int, ...], repeat: int) -> list[dict[st
                             make = q.lock_and_fetch if locking else q.fetch_candidates
                             stmt = q.Statement("poll", make("scheduled_tasks", None, window=w))
                             names = RECURRING if kind == "idle" else ["bench-noop", *RECURRING]
-                            params = {"names": names, "limit": 50, "picked_by": "bench"}
+                            polled = names if window else q.names_literal(names)
+                            params = {"names": polled, "limit": 50, "picked_by": "bench"}
                             args = stmt.args(params)
                             took = [
                                 await _timed(conn, stmt.sql, args, generic)

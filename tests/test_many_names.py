@@ -4,17 +4,21 @@ refuses more than 32,767; the old cleanup failed past that)."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from typing import Any
 
+import pytest
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import Schedules, scheduled_tasks
 from ekbatan_fastapi.domain.rows import NewTask, PollingStrategy
 from ekbatan_fastapi.store.dialects import open_store
+from ekbatan_fastapi.store.postgresql import statements as q
 
 from .conftest import Database
-from .helpers import RecordingJob, RegistryFactory, db_now, wait_until
+from .helpers import RecordingJob, RegistryFactory, db_now, is_mysql, wait_until
 
 T = scheduled_tasks
 NAMES = [f"job-{i:05d}" for i in range(40_000)]
@@ -80,3 +84,51 @@ async def test_a_registry_with_40000_recurring_jobs_starts_and_runs_what_is_due(
     assert count == len(NAMES)
     repo = registry.scheduler.store.tasks
     assert await repo.delete_unresolved(NAMES, timedelta(days=14)) == 0
+
+
+ODD = ['say "hi"', "back\\slash", "a,b", "{braces}", " spaced ", "NULL", "ünï-cødé ✓", "'"]
+MANY = [*ODD, *(f"filler-{i}" for i in range(q.MANY_NAMES))]
+
+
+async def test_polls_with_many_names_claim_the_rows_of_names_of_any_characters(
+    any_database: Database, any_engine: AsyncEngine
+) -> None:
+    """From ``MANY_NAMES`` names on, PostgreSQL's polls take the names as one array literal:
+    quotes, backslashes, commas, braces, spaces and the word NULL are names like any other."""
+    repo = open_store(any_engine, any_database.dialect).tasks
+    now = await db_now(any_engine)
+    due = now - timedelta(seconds=1)
+    await repo.insert_missing(
+        [NewTask(name, "i", due) for name in ODD] + [NewTask("not-polled", "i", due)]
+    )
+    for strategy in PollingStrategy:
+        if strategy == PollingStrategy.LOCK_AND_FETCH and not repo.supports_skip_locked:
+            continue
+        result = await repo.poll(MANY, 50, "me", strategy)
+        assert sorted(r.task_name for r in result.claimed) == sorted(ODD)
+        await repo.release_orphans("me", set(), timedelta(0))
+
+
+async def test_postgres_many_names_literal_and_plan(
+    any_database: Database, any_engine: AsyncEngine
+) -> None:
+    """The literal reads back as the names, and the poll checks a row's name with one hash
+    probe (a hashed subplan), in a custom and a generic plan: no name-by-name estimate when
+    planning, no linear search of the names per row."""
+    if is_mysql(any_engine):
+        pytest.skip("PostgreSQL's statements (MySQL/MariaDB expand the names client-side)")
+    stmt = q.Statement("poll", q.lock_and_fetch("scheduled_tasks", None, window=None))
+    async with any_engine.connect() as conn:
+        driver: Any = (await conn.get_raw_connection()).driver_connection
+        literal = q.names_literal(MANY)
+        assert await driver.fetchval("SELECT CAST(CAST($1 AS text) AS text[])", literal) == MANY
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            async with driver.transaction():
+                await driver.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                plan = await driver.fetchval(
+                    f"EXPLAIN (FORMAT JSON) {stmt.sql}",
+                    *stmt.args({"names": literal, "limit": 50, "picked_by": "me"}),
+                )
+            text_of_plan = plan if isinstance(plan, str) else json.dumps(plan)
+            assert "hashed SubPlan" in text_of_plan, text_of_plan
+            assert "task_name = ANY" not in text_of_plan, text_of_plan  # no array search

@@ -13,6 +13,7 @@ same for every batch size and asyncpg prepares it once per connection.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from ...domain.rows import FinishKind
@@ -28,6 +29,7 @@ __all__ = [
     "heartbeat",
     "insert_missing",
     "lock_and_fetch",
+    "names_literal",
     "notify",
     "revive_dead",
     "upsert",
@@ -88,9 +90,26 @@ class Statement:
         return [params[name] for name in self.order]
 
 
+def names_literal(names: Iterable[str]) -> str:
+    """Many task names as one array literal (``{"a","b"}``), the ``:names`` of the polls that
+    read the due rows in time order (``MANY_NAMES``): one text parameter, where an array is
+    encoded and type-checked by asyncpg element by element at every poll (30 ms of CPU for
+    100,000 names). Names have no NUL; a quote or backslash is escaped."""
+    quoted = ('"' + n.replace("\\", "\\\\").replace('"', '\\"') + '"' for n in names)
+    return "{" + ",".join(quoted) + "}"
+
+
+_KNOWN = "known AS MATERIALIZED (SELECT unnest(CAST(CAST(:names AS text) AS text[])) AS name)"
+"""The names of ``names_literal``, parsed once per statement."""
+
+
 def _wanted(p: str | None) -> str:
-    """The task names this instance polls for, less the paused ones when ``p`` is given."""
-    names = "task_name = ANY(CAST(:names AS text[]))"
+    """The task names this instance polls for (``_KNOWN``), less the paused ones when ``p``
+    is given. ``IS TRUE`` keeps the membership a hashed subplan, one hash probe per row read:
+    as a join it could be planned as a loop over the names, and ``= ANY`` of the array would
+    be searched linearly in a generic plan and estimated name by name at every custom one
+    (1.1-2.4 ms of planning per poll with 1,000 names)."""
+    names = "(task_name IN (SELECT name FROM known)) IS TRUE"
     return f"{names} AND task_name NOT IN (SELECT task_name FROM {p})" if p else names
 
 
@@ -236,7 +255,7 @@ LEFT JOIN claimed AS c ON true
 def _lock_and_fetch_scan(t: str, p: str | None) -> str:
     wanted = _wanted(p)
     return f"""
-WITH due AS (
+WITH {_KNOWN}, due AS (
     SELECT ctid FROM {t}
     WHERE picked = false AND execution_time <= now() AND {wanted}
     ORDER BY priority DESC, execution_time ASC
@@ -270,6 +289,7 @@ LEFT JOIN LATERAL (
 """
     wanted = _wanted(p)
     return f"""
+WITH {_KNOWN}
 SELECT c.*, x.db_now, x.next_due
 FROM (SELECT now() AS db_now, {_next_due(t, wanted)} AS next_due) AS x
 LEFT JOIN LATERAL (

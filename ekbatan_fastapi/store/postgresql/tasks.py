@@ -108,6 +108,8 @@ class PostgresTaskStore(TaskStore):
         self._insert_missing = text(q.insert_missing(t))
         self._upsert = {replace: text(q.upsert(t, replace=replace)) for replace in (False, True)}
         self._notify = text(q.notify())
+        self._literal: tuple[tuple[str, ...], str] = ((), "{}")
+        """The last names polled for, and their ``names_literal`` (made once, not per poll)."""
         self.channel = f"ekbatan_{tables.table_name.replace('.', '_')}"[:63]
         """The LISTEN/NOTIFY channel of this table."""
 
@@ -248,7 +250,8 @@ class PostgresTaskStore(TaskStore):
         skip_paused: bool,
         lease: Lease | None,
     ) -> PollResult:
-        params: dict[str, Any] = {"names": list(names), "limit": limit, "picked_by": picked_by}
+        params: dict[str, Any] = {"limit": limit, "picked_by": picked_by}
+        params["names"] = self._names_literal(names) if len(names) >= q.MANY_NAMES else names
         poll = self._poll_statement(strategy, skip_paused, len(names), limit)
         if strategy == PollingStrategy.LOCK_AND_FETCH:
             rows = await self._fetch(poll, params, lease)
@@ -266,6 +269,12 @@ class PostgresTaskStore(TaskStore):
         claimed_rows = await self._fetch(self._claim, params, lease)
         claimed = [_task_row(r) for r in claimed_rows]
         return PollResult(claimed, db_now, next_due, more_due=len(candidates) >= limit)
+
+    def _names_literal(self, names: Sequence[str]) -> str:
+        key = tuple(names)
+        if key != self._literal[0]:
+            self._literal = (key, q.names_literal(key))
+        return self._literal[1]
 
     async def _finish(
         self,
