@@ -434,3 +434,29 @@ async def test_one_version_two_schedules_keeps_the_stored_one_and_warns(
         second = await any_registries.start(_Rolling(B), customize=lambda b: b.app_version("5"))
     assert second.scheduler.schedules["rolling"].describe() == A
     assert any("two instances of version 5 disagree" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_re_read_of_the_definitions_does_not_read_an_unchanged_deploy_again(
+    any_registries: RegistryFactory,
+) -> None:
+    """Definitions written together (all of a deploy's, at startup) are read once: each later
+    re-read starts from when the previous one began (less the overlap), not from the newest
+    definition, which would read the whole deploy at every recurring completion."""
+    yearly = Schedules.cron("0 0 1 1 *")
+    registry = await any_registries.start(*(RecordingJob(f"deploy-{i}", yearly) for i in range(30)))
+    definitions = registry.scheduler.definitions
+    store = definitions.store
+    read: list[int] = []
+    original = store.definitions
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        found = await original(*args, **kwargs)
+        read.append(len(found))
+        return found
+
+    store.definitions = counted  # type: ignore[method-assign]
+    later = registry.scheduler.link.now() + timedelta(seconds=10)
+    definitions._now = lambda: later  # the database's clock, 10 s on
+    await definitions.refresh()
+    await definitions.refresh()
+    assert read == [30, 0]

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime, timedelta
 
 from ..domain.catchup import CatchUp
@@ -84,6 +84,7 @@ class Definitions:
         limits: Mapping[str, JobLimits],
         store: JobsStore,
         config: SchedulerConfig,
+        now: Callable[[], datetime] | None = None,
     ) -> None:
         self.name = name
         self.jobs = jobs
@@ -98,6 +99,11 @@ class Definitions:
         self.adopted: dict[str, JobDefinition] = {}
         """Recurring jobs run by a stored schedule a newer version wrote."""
         self._seen: datetime | None = None
+        self._now = now if now is not None else (lambda: datetime.now(UTC))
+        """The database's clock (the scheduler's estimate of it)."""
+        self._read_at: datetime | None = None
+        """The database's time when the last successful re-read began: what was written
+        before it (less ``_OVERLAP``) that read saw."""
         self._handled: dict[str, datetime] = {}
         """The stored definitions already looked at, by job: their ``written_at``."""
         self._ours: dict[str, JobDefinition] | None = None
@@ -207,14 +213,17 @@ class Definitions:
                 await task
 
     async def _refresh(self) -> None:
-        started = time.monotonic()
-        since = None if self._seen is None else self._seen - _OVERLAP
+        started, read_at = time.monotonic(), self._now()
+        # From the newest definition seen, or from when the last read began, whichever is
+        # later: definitions all written together (at a deploy) are not read again and again.
+        floors = [t for t in (self._seen, self._read_at) if t is not None]
+        since = max(floors) - _OVERLAP if floors else None
         try:
             found = await self.store.definitions(since=since)
         except Exception as error:
             log.debug("%s: could not re-read the job definitions: %s", self.name, error)
             return
-        self._refreshed = started
+        self._refreshed, self._read_at = started, read_at
         changed = [
             d
             for d in found.values()

@@ -161,6 +161,7 @@ class Scheduler:
             limits=self.limits,
             store=store.jobs,
             config=config,
+            now=self.link.now,
         )
         self.executor = Executor(
             name=self.name,
