@@ -59,17 +59,13 @@ def driver_sql(sql: str) -> str:
     return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
 
 
-def _value(value: Any) -> Any:
-    if isinstance(value, list | tuple):
-        return tuple(_value(v) for v in value)
-    return value
-
-
 async def execute(cursor: Any, name: str, sql: str, params: dict[str, Any]) -> int:
-    """Run one statement text on the driver's cursor; the rows it matched."""
+    """Run one statement text on the driver's cursor; the rows it matched. A list parameter
+    (of scalars, or of tuples) goes as a tuple: asyncmy writes tuples as ``(a, b)``."""
     if probes.active:
         probes.statement(name, sql)
-    return int(await cursor.execute(driver_sql(sql), {k: _value(v) for k, v in params.items()}))
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+    return int(await cursor.execute(driver_sql(sql), args))
 
 
 def task_row(r: Any) -> TaskRow:
