@@ -48,13 +48,15 @@ KEY = "(task_name, task_instance)"
 # (a three-column row constructor alone can make MariaDB scan the table, and a scanning
 # DELETE or locking read waits for every row another transaction holds).
 OWNED = "(task_name, task_instance) IN :keys AND (task_name, task_instance, version) IN :owned"
-BY_KEY = "USE INDEX (PRIMARY)"
-"""In every statement that reads rows by their keys (``IN :keys``): without it, MariaDB 10.11's
+BY_KEY = "FORCE INDEX (PRIMARY)"
+"""In every statement that reads rows by their keys (``IN :keys``). Without it, MariaDB 10.11's
 range optimizer also weighs ``ekbatan_task_name_priority_idx`` (its first column is the key's
-first) for the pairs, which cost 2.5 ms of a claim ``UPDATE`` of 50 keys (3.1 against 0.6 ms)
-and 5 ms of a completion ``DELETE`` (6.1 against 0.8 ms), though the plan is the primary key
-either way (docs/BENCHMARKS.md, "MariaDB's own limit"). ``DELETE`` takes index hints only in
-its multi-table form (so the MySQL manual says, and MariaDB's grammar)."""
+first) for the pairs: 2.4-2.7 ms of planning for a claim ``UPDATE`` or a completion ``DELETE``
+of 50 keys, against 0.2-0.3 ms, though the plan is the primary key either way
+(docs/BENCHMARKS.md, "MariaDB's own limit"). ``FORCE``, not ``USE``: on a small table
+(300 rows) both the bare statement and ``USE INDEX`` scan the whole table, which locks or waits
+for rows other transactions hold. ``DELETE`` takes index hints only in its multi-table form
+(so the MySQL manual says, and MariaDB's grammar)."""
 NOW = "UTC_TIMESTAMP(6)"
 CLOCK = f"SELECT {NOW}"
 DEAD = (
