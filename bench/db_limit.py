@@ -423,9 +423,11 @@ def summarize(runs: Sequence[LimitRun]) -> list[LimitSummary]:
     return out
 
 
-def format_table(summaries: Sequence[LimitSummary], single: dict[int, float | None]) -> str:
+def format_table(
+    summaries: Sequence[LimitSummary], single: dict[int, float | None], client: str = "pgbench"
+) -> str:
     lines = [
-        "| SQL (pgbench, same table, same N) | clients | executions/s (median) | min - max "
+        f"| SQL ({client}, same table, same N) | clients | executions/s (median) | min - max "
         "| runs ok |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]

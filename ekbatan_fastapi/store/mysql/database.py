@@ -66,10 +66,11 @@ class MySQLDatabase(Database):
     migrations_folder = "mysql"
 
     def configure(self, engine: AsyncEngine) -> AsyncEngine:
-        self._read_committed: TextClause | None = text(q.READ_COMMITTED)
+        self.read_committed: TextClause | None = text(q.READ_COMMITTED)
+        """Sent first in each transaction (None: the engine's connections are set so)."""
         if is_autocommit(engine):
             # Each statement would commit alone and drop the row locks our claims rely on.
-            self._read_committed = None
+            self.read_committed = None
             return engine.execution_options(isolation_level="READ COMMITTED")
         return engine
 
@@ -132,8 +133,8 @@ class MySQLDatabase(Database):
         for attempt in range(1, _DEADLOCK_RETRIES + 1):
             try:
                 async with self.connect() as conn:
-                    if read_committed and self._read_committed is not None:
-                        await conn.execute(self._read_committed)
+                    if read_committed and self.read_committed is not None:
+                        await conn.execute(self.read_committed)
                     result = await work(conn)
                     await conn.commit()
                     return result

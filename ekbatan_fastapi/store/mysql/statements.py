@@ -9,6 +9,7 @@ says which). Every timestamp is UTC: the clock is ``UTC_TIMESTAMP(6)``, never ``
 from __future__ import annotations
 
 __all__ = [
+    "BY_KEY",
     "CLOCK",
     "DEFAULT_LOCK_WAIT",
     "EXPANDING",
@@ -47,6 +48,15 @@ KEY = "(task_name, task_instance)"
 # (a three-column row constructor alone can make MariaDB scan the table, and a scanning
 # DELETE or locking read waits for every row another transaction holds).
 OWNED = "(task_name, task_instance) IN :keys AND (task_name, task_instance, version) IN :owned"
+BY_KEY = "FORCE INDEX (PRIMARY)"
+"""In every statement that reads rows by their keys (``IN :keys``). Without it, MariaDB 10.11's
+range optimizer also weighs ``ekbatan_task_name_priority_idx`` (its first column is the key's
+first) for the pairs: 2.4-2.7 ms of planning for a claim ``UPDATE`` or a completion ``DELETE``
+of 50 keys, against 0.2-0.3 ms, though the plan is the primary key either way
+(docs/BENCHMARKS.md, "MariaDB's own limit"). ``FORCE``, not ``USE``: on a small table
+(300 rows) both the bare statement and ``USE INDEX`` scan the whole table, which locks or waits
+for rows other transactions hold. ``DELETE`` takes index hints only in its multi-table form
+(so the MySQL manual says, and MariaDB's grammar)."""
 NOW = "UTC_TIMESTAMP(6)"
 CLOCK = f"SELECT {NOW}"
 DEAD = (
@@ -149,7 +159,7 @@ def lock_keys(t: str) -> str:
     """Fetch, step 2: lock the candidates in key order; those still unpicked at the version
     seen are claimed (the optimistic check, made under the row lock)."""
     return f"""
-SELECT {COLUMNS}, {NOW} AS db_now FROM {t}
+SELECT {COLUMNS}, {NOW} AS db_now FROM {t} {BY_KEY}
 WHERE {KEY} IN :keys
 ORDER BY task_name, task_instance
 FOR UPDATE
@@ -206,7 +216,8 @@ def clock(t: str, p: str | None) -> str:
 
 def claim(t: str) -> str:
     return f"""
-UPDATE {t} SET picked = 1, picked_by = :picked_by, last_heartbeat = :now, version = version + 1
+UPDATE {t} {BY_KEY}
+SET picked = 1, picked_by = :picked_by, last_heartbeat = :now, version = version + 1
 WHERE {KEY} IN :keys AND picked = 0
 """
 
@@ -216,7 +227,7 @@ WHERE {KEY} IN :keys AND picked = 0
 
 def lock_owned(t: str) -> str:
     return f"""
-SELECT task_name, task_instance, version FROM {t}
+SELECT task_name, task_instance, version FROM {t} {BY_KEY}
 WHERE {KEY} IN :keys
 ORDER BY task_name, task_instance
 FOR UPDATE
@@ -224,12 +235,12 @@ FOR UPDATE
 
 
 def delete_owned(t: str) -> str:
-    return f"DELETE FROM {t} WHERE {OWNED}"
+    return f"DELETE d FROM {t} AS d {BY_KEY} WHERE {OWNED}"
 
 
 def release(t: str) -> str:
     return f"""
-UPDATE {t} SET picked = 0, picked_by = NULL, last_heartbeat = NULL, version = version + 1
+UPDATE {t} {BY_KEY} SET picked = 0, picked_by = NULL, last_heartbeat = NULL, version = version + 1
 WHERE {OWNED}
 """
 
@@ -245,7 +256,7 @@ def reschedule_owned(t: str, next_time: str, *, outcome: str) -> str:
         "skipped": "",
     }[outcome]
     return f"""
-UPDATE {t} SET execution_time = COALESCE({next_time}, execution_time),
+UPDATE {t} {BY_KEY} SET execution_time = COALESCE({next_time}, execution_time),
     picked = 0, picked_by = NULL, last_heartbeat = NULL,
     {counters}version = version + 1
 WHERE {OWNED}
@@ -254,7 +265,7 @@ WHERE {OWNED}
 
 def heartbeat(t: str) -> str:
     return f"""
-UPDATE {t} SET last_heartbeat = {NOW}
+UPDATE {t} {BY_KEY} SET last_heartbeat = {NOW}
 WHERE {OWNED} AND picked = 1
 """
 
@@ -265,7 +276,7 @@ def lock_beating(t: str) -> str:
     row it scanned) is left for the next round: a plain ``UPDATE`` would wait for it, and
     every other row of this instance would miss its heartbeat meanwhile and be revived."""
     return f"""
-SELECT task_name, task_instance FROM {t}
+SELECT task_name, task_instance FROM {t} {BY_KEY}
 WHERE {OWNED} AND picked = 1
 ORDER BY task_name, task_instance
 FOR UPDATE SKIP LOCKED
@@ -274,11 +285,11 @@ FOR UPDATE SKIP LOCKED
 
 def heartbeat_keys(t: str) -> str:
     """Heartbeat, step 2: the rows ``lock_beating`` locked."""
-    return f"UPDATE {t} SET last_heartbeat = {NOW} WHERE {KEY} IN :keys"
+    return f"UPDATE {t} {BY_KEY} SET last_heartbeat = {NOW} WHERE {KEY} IN :keys"
 
 
 def still_owned(t: str) -> str:
-    return f"SELECT task_name, task_instance FROM {t} WHERE {OWNED} AND picked = 1"
+    return f"SELECT task_name, task_instance FROM {t} {BY_KEY} WHERE {OWNED} AND picked = 1"
 
 
 def dead_candidates(t: str) -> str:
@@ -296,7 +307,7 @@ WHERE task_name IN :names AND picked = 1
 
 def lock_dead(t: str, *, skip_locked: bool) -> str:
     return f"""
-SELECT {COLUMNS} FROM {t}
+SELECT {COLUMNS} FROM {t} {BY_KEY}
 WHERE {OWNED} AND {DEAD}
 ORDER BY task_name, task_instance
 FOR UPDATE{" SKIP LOCKED" if skip_locked else ""}
@@ -307,7 +318,7 @@ FOR UPDATE{" SKIP LOCKED" if skip_locked else ""}
 
 
 def existing(t: str) -> str:
-    return f"SELECT task_name, task_instance FROM {t} WHERE {KEY} IN :keys"
+    return f"SELECT task_name, task_instance FROM {t} {BY_KEY} WHERE {KEY} IN :keys"
 
 
 def replace(t: str) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 from sqlalchemy import TextClause, insert, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql import Executable
 
 from ...domain.records import ExecutionRecord
 from ...domain.rows import (
@@ -35,6 +34,7 @@ from ..database import aware
 from ..external import Caller
 from ..lease import Lease
 from ..tasks import TaskStore
+from . import hot
 from . import statements as q
 from .database import ER_DUP_ENTRY, MySQLDatabase, errno, naive_utc
 
@@ -45,11 +45,6 @@ _CHUNK = 250
 values or more (``in_predicate_conversion_threshold``; a pair counts twice) into a join over a
 temporary table that scans the whole table: 500 pairs read 122,013 rows of a 123,000-row
 table, 300 pairs read 300."""
-
-
-class _RowsLost(Exception):
-    """A version-guarded write matched fewer rows than it was given (rolls the transaction
-    back)."""
 
 
 def owned_params(triples: Sequence[tuple[str, str, int]]) -> dict[str, Any]:
@@ -278,12 +273,12 @@ class MySQLTaskStore(TaskStore):
         lease: Lease | None,
     ) -> PollResult:
         """As the base says; ``next_due`` is None when the batch came back full (the poller
-        polls again at once and does not read it). The claim runs in transactions of its own
-        (``lease`` is not used)."""
+        polls again at once and does not read it). Lock-and-fetch runs on ``lease``'s
+        connection; the fetch strategy's claim in transactions of its own."""
         if strategy == PollingStrategy.LOCK_AND_FETCH:
             if not self.supports_skip_locked:
                 raise ValueError(f"{self.dialect_name} has no FOR UPDATE SKIP LOCKED")
-            return await self._lock_and_fetch(list(names), limit, picked_by, skip_paused)
+            return await self._lock_and_fetch(list(names), limit, picked_by, skip_paused, lease)
         candidates = self._poll_sql[skip_paused][0]
         params: dict[str, Any] = {"names": list(names), "limit": limit}
         if 0 < len(names) <= q.PER_NAME_MAX:
@@ -312,23 +307,30 @@ class MySQLTaskStore(TaskStore):
         return PollResult(claimed, db_now, next_due, more_due=len(seen) >= limit)
 
     async def _lock_and_fetch(
-        self, names: list[str], limit: int, picked_by: str, skip_paused: bool
+        self, names: list[str], limit: int, picked_by: str, skip_paused: bool, lease: Lease | None
     ) -> PollResult:
+        """On the driver's cursor (``hot``), on ``lease``'s connection."""
+        if not names:
+            return PollResult([], _aware((await self.db.clock())[0]), None)
         _, lock_due, clock_sql = self._poll_sql[skip_paused]
         params: dict[str, Any] = {"names": names, "limit": limit}
-        if 0 < len(names) <= q.PER_NAME_MAX:
+        if len(names) <= q.PER_NAME_MAX:
             lock_due = self._per_name_sql(skip_paused, len(names))[1]
             params = {"limit": limit, **q.name_params(names)}
+        clock = (clock_sql.text, {"names": names})
 
-        async def run(conn: AsyncConnection) -> PollResult:
-            locked = list(await conn.execute(lock_due, params))
-            claimed = await self._claim_locked(conn, locked, picked_by)
-            if locked and len(locked) >= limit:
-                return PollResult(claimed, _aware(locked[0]._mapping["db_now"]), None)
-            clock = (await conn.execute(clock_sql, {"names": names})).one()
-            return PollResult(claimed, _aware(clock[0]), aware(clock[1]))
+        async def run(cursor: Any) -> PollResult:
+            return await hot.lock_and_fetch(
+                cursor,
+                lock_due.text,
+                params,
+                self._claim.text,
+                clock,
+                limit=limit,
+                picked_by=picked_by,
+            )
 
-        return await self.db.transaction(run, read_committed=True)
+        return await hot.transaction(self.db, lease, run)
 
     async def _claim_locked(
         self, conn: AsyncConnection, locked: Sequence[Any], picked_by: str
@@ -370,11 +372,13 @@ class MySQLTaskStore(TaskStore):
         if not items:
             return set()
         by_key = {i.owned.key: i for i in items}
-        try:
-            return await self.db.transaction(
-                functools.partial(self._record, items=list(by_key.values()), strict=True)
+        writes = [(stmt.text, p, n) for stmt, p, n in self._writes(list(by_key.values()))]
+        try:  # on the driver's cursor (``hot``), on ``lease``'s connection
+            await hot.transaction(
+                self.db, lease, functools.partial(hot.write_all, name="finish", writes=writes)
             )
-        except _RowsLost:
+            return set(by_key)
+        except hot.RowsLost:
             pass
 
         async def precise(conn: AsyncConnection) -> set[TaskKey]:
@@ -382,25 +386,22 @@ class MySQLTaskStore(TaskStore):
             ours = [
                 by_key[(r[0], r[1])] for r in locked if by_key[(r[0], r[1])].owned.version == r[2]
             ]
-            return await self._record(conn, items=ours, strict=False)
+            for stmt, params, _ in self._writes(ours):
+                await conn.execute(stmt, params)
+            return {item.owned.key for item in ours}
 
         return await self.db.transaction(precise)
 
-    async def _record(
-        self, conn: AsyncConnection, *, items: list[Finish], strict: bool
-    ) -> set[TaskKey]:
+    def _writes(self, items: list[Finish]) -> list[tuple[TextClause, dict[str, Any], int]]:
+        """One statement per kind of result: (statement, parameters, rows it must match)."""
         groups: dict[FinishKind, list[Finish]] = {}
         for item in items:
             groups.setdefault(item.kind, []).append(item)
-        for kind, group in groups.items():
-            written = (await conn.execute(*self._finish_statement(kind, group))).rowcount
-            if strict and written != len(group):
-                raise _RowsLost
-        return {item.owned.key for item in items}
+        return [(*self._finish_statement(k, g), len(g)) for k, g in groups.items()]
 
     def _finish_statement(
         self, kind: FinishKind, group: list[Finish]
-    ) -> tuple[Executable, dict[str, Any]]:
+    ) -> tuple[TextClause, dict[str, Any]]:
         params = owned_params(
             [(i.owned.task_name, i.owned.task_instance, i.owned.version) for i in group]
         )
@@ -436,7 +437,7 @@ class MySQLTaskStore(TaskStore):
         if not owned:
             return set()
         keys = [(o.task_name, o.task_instance, o.version) for o in owned]
-        beaten = await self.db.transaction(functools.partial(self._beat, keys))
+        beaten = await hot.transaction(self.db, None, functools.partial(self._beat, keys))
         if len(beaten) == len(set(keys)):
             return {o.key for o in owned}
         # Rows missed: revived elsewhere (no longer ours), or held by another transaction
@@ -445,15 +446,13 @@ class MySQLTaskStore(TaskStore):
             result = await conn.execute(self._still_owned, owned_params(keys))
             return beaten | {(r[0], r[1]) for r in result}
 
-    async def _beat(self, keys: list[tuple[str, str, int]], conn: AsyncConnection) -> set[TaskKey]:
+    async def _beat(self, keys: list[tuple[str, str, int]], cursor: Any) -> set[TaskKey]:
+        """On the driver's cursor (``hot``)."""
         params = owned_params(keys)
         if not self.supports_skip_locked:  # MySQL 5: one plain update
-            done = (await conn.execute(self._heartbeat, params)).rowcount
+            done = await hot.execute(cursor, "heartbeat", self._heartbeat.text, params)
             return set(params["keys"]) if done == len(set(keys)) else set()
-        locked = [(str(r[0]), str(r[1])) for r in await conn.execute(self._lock_beating, params)]
-        if locked:
-            await conn.execute(self._heartbeat_keys, {"keys": locked})
-        return set(locked)
+        return await hot.beat(cursor, self._lock_beating.text, self._heartbeat_keys.text, params)
 
     async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
         """A plain read finds candidates (the usual answer is none) and the next death; a

@@ -1,0 +1,194 @@
+"""The MySQL/MariaDB hot statements on asyncmy's own cursor, under SQLAlchemy's connection.
+
+The claim (lock-and-fetch), the completion's first, version-guarded attempt and the heartbeat
+are all the scheduler sends under load. Through SQLAlchemy each costs more client CPU than the
+server spends on it: the expansion of the ``IN :keys`` lists (the statement is compiled again
+for every list length), parameter processing and ``Row`` objects (see docs/BENCHMARKS.md,
+"MariaDB's own limit"). Here the texts of ``statements`` are sent with asyncmy's own
+``%(name)s`` interpolation (a list goes as a tuple, which the driver writes as ``(a, b)``;
+the server receives the same literal text either way) on the connection a busy loop holds
+(``Lease``), and rows are decoded by position.
+
+The transaction itself still starts and ends through SQLAlchemy's connection (the isolation
+statement, ``COMMIT``): its events see the session (the test clock's ``SET timestamp``) and
+its state stays true. (On an engine set to ``READ COMMITTED`` for an application's
+``AUTOCOMMIT`` one, no statement went through SQLAlchemy: the driver commits.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from ...domain.rows import PollResult, TaskKey, TaskRow
+from ..database import aware
+from ..lease import Lease
+from ..probe import probes
+from . import statements as q
+from .database import ER_LOCK_DEADLOCK, MySQLDatabase, errno
+
+__all__ = [
+    "RowsLost",
+    "beat",
+    "driver_sql",
+    "execute",
+    "lock_and_fetch",
+    "task_row",
+    "transaction",
+    "write_all",
+]
+
+T = TypeVar("T")
+
+_DEADLOCK_RETRIES = 5
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class RowsLost(Exception):
+    """A version-guarded write matched fewer rows than it was given (rolls the transaction
+    back; the connection is kept)."""
+
+
+@functools.lru_cache(maxsize=512)
+def driver_sql(sql: str) -> str:
+    """A ``statements`` text (``:name``) in asyncmy's ``%(name)s`` style."""
+    return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
+async def execute(cursor: Any, name: str, sql: str, params: dict[str, Any]) -> int:
+    """Run one statement text on the driver's cursor; the rows it matched. A list parameter
+    (of scalars, or of tuples) goes as a tuple: asyncmy writes tuples as ``(a, b)``."""
+    if probes.active:
+        probes.statement(name, sql)
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+    return int(await cursor.execute(driver_sql(sql), args))
+
+
+def task_row(r: Any) -> TaskRow:
+    """A row of ``statements.COLUMNS``, by position (asyncmy returns naive UTC times)."""
+    execution_time = aware(r[3])
+    assert execution_time is not None
+    return TaskRow(
+        r[0],
+        r[1],
+        bytes(r[2]) if r[2] is not None else None,
+        execution_time,
+        bool(r[4]),
+        r[5],
+        aware(r[6]),
+        aware(r[7]),
+        r[8],
+        aware(r[9]),
+        int(r[10]),
+        r[11],
+    )
+
+
+async def transaction(
+    db: MySQLDatabase, lease: Lease | None, work: Callable[[Any], Awaitable[T]]
+) -> T:
+    """Run ``work`` (given an asyncmy cursor) in one ``READ COMMITTED`` transaction on
+    ``lease``'s connection (or a pooled one) and commit; a deadlock victim is run again. A
+    ``RowsLost`` rolls back and keeps the connection; any other error discards it."""
+    held = lease if lease is not None else db.lease()
+    lost = False
+    try:
+        async with db.leased(held):
+            conn = await held.connection()
+            driver = await held.driver()
+            for attempt in range(1, _DEADLOCK_RETRIES + 1):
+                try:
+                    if db.read_committed is not None:
+                        await conn.exec_driver_sql(q.READ_COMMITTED)
+                    async with driver.cursor() as cursor:
+                        result = await work(cursor)
+                    await (conn.commit() if conn.in_transaction() else driver.commit())
+                    return result
+                except RowsLost:
+                    await (conn.rollback() if conn.in_transaction() else driver.rollback())
+                    lost = True
+                    break
+                except Exception as error:
+                    if errno(error) != ER_LOCK_DEADLOCK or attempt == _DEADLOCK_RETRIES:
+                        raise
+                    await (conn.rollback() if conn.in_transaction() else driver.rollback())
+    except Exception as error:
+        if db.is_missing_table(error):
+            raise db.missing_table(error) from error
+        raise
+    finally:
+        if lease is None:
+            await held.release()
+    assert lost
+    raise RowsLost
+
+
+async def lock_and_fetch(
+    cursor: Any,
+    lock_due: str,
+    params: dict[str, Any],
+    claim: str,
+    clock: tuple[str, dict[str, Any]],
+    *,
+    limit: int,
+    picked_by: str,
+) -> PollResult:
+    """In the caller's transaction: lock due rows nobody else holds, claim them, and (when the
+    batch is not full) read the clock and the next due time."""
+    await execute(cursor, "poll", lock_due, params)
+    locked = await cursor.fetchall()
+    claimed: list[TaskRow] = []
+    if locked:
+        now = locked[0][12]
+        keys = [(r[0], r[1]) for r in locked]
+        written = await execute(
+            cursor, "claim", claim, {"keys": keys, "picked_by": picked_by, "now": now}
+        )
+        if written != len(keys):  # cannot happen: the rows are locked and unpicked
+            raise RuntimeError(f"claimed {written} of {len(keys)} locked rows")
+        at = aware(now)
+        claimed = [
+            dataclasses.replace(
+                task_row(r),
+                picked=True,
+                picked_by=picked_by,
+                last_heartbeat=at,
+                version=int(r[10]) + 1,
+            )
+            for r in locked
+        ]
+        if len(locked) >= limit:
+            return PollResult(claimed, _aware(now), None)
+    await execute(cursor, "poll", *clock)
+    row = await cursor.fetchone()
+    return PollResult(claimed, _aware(row[0]), aware(row[1]))
+
+
+async def write_all(
+    cursor: Any, name: str, writes: Sequence[tuple[str, dict[str, Any], int]]
+) -> None:
+    """Each (statement, parameters, rows expected); ``RowsLost`` when one matched fewer."""
+    for sql, params, expected in writes:
+        if await execute(cursor, name, sql, params) != expected:
+            raise RowsLost
+
+
+async def beat(
+    cursor: Any, lock_beating: str, heartbeat_keys: str, params: dict[str, Any]
+) -> set[TaskKey]:
+    """Heartbeat: lock the owned rows nobody else holds (SKIP LOCKED), update those."""
+    await execute(cursor, "heartbeat", lock_beating, params)
+    locked = [(str(r[0]), str(r[1])) for r in await cursor.fetchall()]
+    if locked:
+        await execute(cursor, "heartbeat", heartbeat_keys, {"keys": locked})
+    return set(locked)
+
+
+def _aware(value: datetime | None) -> datetime:
+    result = aware(value)
+    assert result is not None
+    return result
