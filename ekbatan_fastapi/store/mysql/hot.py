@@ -17,7 +17,6 @@ its state stays true. (On an engine set to ``READ COMMITTED`` for an application
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -152,8 +151,7 @@ async def lock_and_fetch(
             raise RuntimeError(f"claimed {written} of {len(keys)} locked rows")
         at = aware(now)
         claimed = [
-            dataclasses.replace(
-                task_row(r),
+            task_row(r)._replace(
                 picked=True,
                 picked_by=picked_by,
                 last_heartbeat=at,
