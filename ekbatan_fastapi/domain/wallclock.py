@@ -8,6 +8,8 @@ Slots are a pure function of the clock, so every instance computes the same ones
 from __future__ import annotations
 
 import abc
+import copy
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -24,6 +26,11 @@ UTC_ZONE = ZoneInfo("UTC")
 _CRON_ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 _CRON_PROBE_START = datetime(2000, 1, 1, tzinfo=UTC)
 _CRON_MAX_STEPS = 100_000  # a per-second cron skips at most 3600 slots in a repeated hour
+_CRON_CACHE = 1024
+"""Distinct cron texts whose validation and parsed form are kept (an application has few)."""
+_SLOT_CACHE = 4096
+"""Cron slots kept by (expression, zone, instant): startup asks every job for its first slot
+after the same database now, so 100,000 jobs of one expression compute it once."""
 _DAILY_LOOKBACK = timedelta(days=3)
 """A daily schedule has a slot within any three days, even where a zone skips a day."""
 
@@ -172,7 +179,43 @@ class Daily(_WallClock):
 
 
 def _validate_cron(expression: str) -> None:
-    """Raise ScheduleError unless ``expression`` is a 5/6-field cron or an alias that matches."""
+    """Raise ScheduleError unless ``expression`` is a 5/6-field cron or an alias that matches.
+    Judged once per text (``_cron_problem``): the same message every time."""
+    problem = _cron_problem(expression)
+    if problem is not None:
+        raise ScheduleError(problem)
+
+
+@functools.lru_cache(maxsize=_CRON_CACHE)
+def _cron_problem(expression: str) -> str | None:
+    """What is wrong with ``expression`` (None: nothing), kept per text."""
+    try:
+        _judge_cron(expression)
+    except ScheduleError as error:
+        return str(error)
+    return None
+
+
+@functools.lru_cache(maxsize=_CRON_CACHE)
+def _cron_template(expression: str) -> croniter:
+    """The parsed expression (croniter's expanded fields), parsed once per text; ``_matches``
+    copies it for each search."""
+    return croniter(expression, _CRON_PROBE_START, ret_type=datetime, second_at_beginning=True)
+
+
+def _matches(expression: str, start: datetime) -> croniter:
+    """A croniter over ``expression`` positioned at ``start``, without parsing it again. The
+    copy owns its position and its ``#`` sets (croniter updates those in place)."""
+    matches = copy.copy(_cron_template(expression))
+    matches.nth_weekday_of_month = {
+        day: set(nth) for day, nth in matches.nth_weekday_of_month.items()
+    }
+    matches.set_current(start, force=True)
+    return matches
+
+
+def _judge_cron(expression: str) -> None:
+    """``_validate_cron``'s rules, uncached."""
     if not expression:
         raise ScheduleError("the cron expression is empty")
     if expression.startswith("@"):
@@ -195,8 +238,7 @@ def _validate_cron(expression: str) -> None:
     if not expression.startswith("@"):
         _check_fields(expression)
     try:
-        probe = croniter(expression, _CRON_PROBE_START, ret_type=datetime, second_at_beginning=True)
-        probe.get_next(datetime)
+        _matches(expression, _CRON_PROBE_START).get_next(datetime)
     except CroniterBadDateError:
         raise ScheduleError(f"cron expression {expression!r} never matches a date") from None
     except Exception as exc:  # croniter raises assorted exception types for bad input
@@ -294,22 +336,7 @@ class Cron(_WallClock):
         self._init_zone()
 
     def _first_slot_after(self, instant: datetime) -> datetime:
-        # Iterate matches in naive wall-clock time (encoded as UTC so that croniter does no
-        # zone arithmetic), then map each to an instant with our DST rule. The mapping is
-        # monotonic, so the first mapped match after ``instant`` is the answer.
-        start = _wall(instant, self.zone).replace(tzinfo=UTC)
-        try:
-            matches = croniter(self.expression, start, ret_type=datetime, second_at_beginning=True)
-            for _ in range(_CRON_MAX_STEPS):
-                wall = matches.get_next(datetime).replace(tzinfo=None)
-                slot = resolve_wall(wall, self.zone)
-                if slot > instant:
-                    return slot
-        except OverflowError:
-            raise
-        except Exception as exc:  # croniter gives up near the end of the calendar
-            raise ScheduleError(f"cron {self.expression!r} has no next slot: {exc}") from None
-        raise beyond_range("cron")  # pragma: no cover - needs a pathological expression
+        return _cron_slot_after(self.expression, self.zone, instant)
 
     def _slot_near(self, instant: datetime) -> datetime:
         # The previous match in wall-clock time maps to an instant at or before ``instant``
@@ -317,7 +344,7 @@ class Cron(_WallClock):
         # ``slot_at_or_before`` walks forward from it.
         start = _wall(instant, self.zone).replace(tzinfo=UTC) + TICK
         try:
-            matches = croniter(self.expression, start, ret_type=datetime, second_at_beginning=True)
+            matches = _matches(self.expression, start)
             for _ in range(_CRON_MAX_STEPS):
                 slot = resolve_wall(matches.get_prev(datetime).replace(tzinfo=None), self.zone)
                 if slot <= instant:
@@ -328,3 +355,26 @@ class Cron(_WallClock):
 
     def describe(self) -> str:
         return f"CRON|{self.expression}{self._zone_suffix()}"
+
+
+@functools.lru_cache(maxsize=_SLOT_CACHE)
+def _cron_slot_after(expression: str, zone: ZoneInfo, instant: datetime) -> datetime:
+    """The earliest slot of ``expression`` in ``zone`` strictly after the UTC ``instant``.
+
+    Iterate matches in naive wall-clock time (encoded as UTC so that croniter does no zone
+    arithmetic), then map each to an instant with our DST rule. The mapping is monotonic, so
+    the first mapped match after ``instant`` is the answer. A pure function, kept per
+    arguments (errors are not kept)."""
+    start = _wall(instant, zone).replace(tzinfo=UTC)
+    try:
+        matches = _matches(expression, start)
+        for _ in range(_CRON_MAX_STEPS):
+            wall = matches.get_next(datetime).replace(tzinfo=None)
+            slot = resolve_wall(wall, zone)
+            if slot > instant:
+                return slot
+    except OverflowError:
+        raise
+    except Exception as exc:  # croniter gives up near the end of the calendar
+        raise ScheduleError(f"cron {expression!r} has no next slot: {exc}") from None
+    raise beyond_range("cron")  # pragma: no cover - needs a pathological expression
