@@ -293,7 +293,11 @@ def format_table(run: IdleRun) -> str:
         st = run.startup
         lines.append("")
         lines.append(
-            f"startup: ready in {st.get('ready_s', 0):.2f} s; "
+            f"startup: registry built in {st.get('build_s', 0):.2f} s, ready "
+            f"{st.get('ready_s', 0):.2f} s after start; event loop blocked at most "
+            f"{st.get('block_start_s', 0):.3f} s from start to ready, "
+            f"{st.get('block_idle_s', 0):.3f} s from ready to the window's end (the scheduler's "
+            f"monitor, which reports blocks >= 1 s: {st.get('monitor_max_lag_s', 0):.2f} s); "
             f"RSS {st.get('rss_before_kib', 0) / 1024:.1f} MiB before the registry, "
             f"{st.get('rss_ready_kib', 0) / 1024:.1f} MiB when ready; "
             f"unresolved-row cleanup over {run.jobs} names {st.get('cleanup_s', 0):.2f} s "
@@ -304,6 +308,25 @@ def format_table(run: IdleRun) -> str:
 
 
 # -- the worker -----------------------------------------------------------------------------
+
+
+class _BlockProbe:
+    """The longest stretch the event loop did not run this task (a 10 ms sleep's lateness)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(0.01)
+            self.longest = max(self.longest, loop.time() - before - 0.01)
+
+    def take(self) -> float:
+        """The longest block since the last ``take``."""
+        longest, self.longest = self.longest, 0.0
+        return longest
 
 
 async def _worker(args: argparse.Namespace) -> int:
@@ -328,12 +351,14 @@ async def _worker(args: argparse.Namespace) -> int:
 
     rss_before = common.process_rss_kib(os.getpid()) or 0
     names = [f"idle-{j:03d}" for j in range(args.jobs)]
+    began = time.monotonic()
     registry = common.worker_registry(
         args.url,
         [FarJob(name) for name in names],
         name=f"idle-{os.getpid()}",
         polling_interval=args.polling_interval,
     )
+    build_s = time.monotonic() - began
     counts: collections.Counter[str] = collections.Counter()
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
@@ -354,16 +379,23 @@ async def _worker(args: argparse.Namespace) -> int:
 
     add_probe(Counted())
     commands = common.stdin_commands()
+    blocked = _BlockProbe()
+    probe = asyncio.create_task(blocked.run())
+    await asyncio.sleep(0.05)
     began = time.monotonic()
     await registry.start()
-    startup: dict[str, float] = {"rss_before_kib": rss_before}
+    startup: dict[str, float] = {"rss_before_kib": rss_before, "build_s": build_s}
     try:
         if not await registry.wait_until_ready(60.0 + args.jobs / 100):
             return 1
         startup["ready_s"] = time.monotonic() - began
         startup["rss_ready_kib"] = common.process_rss_kib(os.getpid()) or 0
+        startup["block_start_s"] = blocked.take()
         print("ready", flush=True)
         await common.wait_for_stop(commands, args.deadline, mark, most=10)
+        startup["block_idle_s"] = blocked.take()
+        startup["monitor_max_lag_s"] = registry.scheduler.lag.max_lag
+        probe.cancel()
         window = dict(counts)
         # after the window (not counted in it): the hourly cleanup and startup's read, once
         tasks = registry.scheduler.store.tasks

@@ -91,6 +91,7 @@ async def test_idle_cost_harness_counts_polls(server: common.ServerInfo) -> None
     assert run.rss_kib is not None and run.rss_kib > 0
     assert "poll (claim due rows)" in idle_cost.format_table(run)
     assert run.startup["ready_s"] > 0 and run.startup["cleanup_deleted"] == idle_cost.UNRESOLVED
+    assert run.startup["build_s"] > 0 and run.startup["block_start_s"] >= 0
     assert run.connections is not None and 1 <= run.connections <= 5
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -129,9 +129,10 @@ class Database(abc.ABC):
         """Insert ``values`` into ``table``; on a primary-key conflict set ``update`` instead."""
 
     @abc.abstractmethod
-    def upsert_many(self, table: Table, rows: list[dict[str, Any]]) -> Executable:
-        """Insert ``rows`` into ``table``; a row whose primary key exists replaces the other
-        columns of the existing one. One statement."""
+    def upsert_many(self, table: Table, columns: Sequence[str]) -> Executable:
+        """An upsert of ``table`` to send as an executemany, one parameter set per row of
+        ``columns``: a row whose primary key exists replaces the other columns of the existing
+        one. Compiled once, whatever the number of rows (the driver's bulk path sends them)."""
 
     @abc.abstractmethod
     def commit_guard(self, seconds: float) -> list[Executable]:

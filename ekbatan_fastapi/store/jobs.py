@@ -3,10 +3,13 @@ counts ``/jobs`` and the CLI show: executions running now, executions timed out.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import func, select, update
+from sqlalchemy.sql import Executable
 
 from ..domain.backfill import BACKFILL_PREFIX
 from ..domain.records import JobDefinition, Outcome
@@ -17,6 +20,37 @@ __all__ = ["JobsStore"]
 
 _RECHECK_MISSING = 30.0
 _BATCH = 1000
+_COLUMNS = (
+    "task_name",
+    "kind",
+    "schedule",
+    "fingerprint",
+    "app_version",
+    "timeout_ms",
+    "max_concurrency",
+    "keyed",
+    "written_by",
+    "written_at",
+    "catch_up",
+)
+"""What ``write`` sets: the definition; the slot counters are left as they are."""
+
+
+def _row(d: JobDefinition, now: datetime) -> dict[str, Any]:
+    """One definition as the parameters of ``JobsStore.write``'s upsert."""
+    return {
+        "task_name": d.task_name,
+        "kind": d.kind,
+        "schedule": d.schedule[:1000] if d.schedule else None,
+        "fingerprint": d.fingerprint,
+        "app_version": d.app_version[:100] if d.app_version else None,
+        "timeout_ms": d.timeout // timedelta(milliseconds=1) if d.timeout is not None else None,
+        "max_concurrency": d.max_concurrency,
+        "keyed": d.keyed,
+        "written_by": d.written_by,
+        "written_at": now,
+        "catch_up": d.catch_up,
+    }
 
 
 class JobsStore:
@@ -36,31 +70,17 @@ class JobsStore:
         return await self.presence.look()
 
     async def write(self, definitions: Sequence[JobDefinition]) -> None:
-        """Create or replace these definitions (``written_at`` = the database's now)."""
-        now = self.db.now_expr()
+        """Create or replace these definitions (``written_at`` = the database's now, read before
+        each batch): one executemany per ``_BATCH`` rows, so the statement is compiled once and
+        the event loop gets its turn between batches."""
         for start in range(0, len(definitions), _BATCH):
-            rows = []
-            for d in definitions[start : start + _BATCH]:
-                rows.append(
-                    {
-                        "task_name": d.task_name,
-                        "kind": d.kind,
-                        "schedule": d.schedule[:1000] if d.schedule else None,
-                        "fingerprint": d.fingerprint,
-                        "app_version": d.app_version[:100] if d.app_version else None,
-                        "timeout_ms": (
-                            d.timeout // timedelta(milliseconds=1)
-                            if d.timeout is not None
-                            else None
-                        ),
-                        "max_concurrency": d.max_concurrency,
-                        "keyed": d.keyed,
-                        "written_by": d.written_by,
-                        "written_at": now,
-                        "catch_up": d.catch_up,
-                    }
-                )
-            await self.db.rowcount(self.db.upsert_many(self.table, rows))
+            now = (await self.db.clock())[0]
+            rows = [_row(d, now) for d in definitions[start : start + _BATCH]]
+            await self.db.rowcount(self._upsert, rows)
+
+    @functools.cached_property
+    def _upsert(self) -> Executable:
+        return self.db.upsert_many(self.table, _COLUMNS)
 
     async def definitions(
         self, names: Sequence[str] | None = None, *, since: datetime | None = None

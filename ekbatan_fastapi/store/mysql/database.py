@@ -13,7 +13,7 @@ and parameters are sent as naive UTC, so neither the session nor the server time
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -94,10 +94,12 @@ class MySQLDatabase(Database):
     def commit_guard_reset(self) -> list[Executable]:
         return [text("SET SESSION wait_timeout = DEFAULT")]
 
-    def upsert_many(self, table: Table, rows: list[dict[str, Any]]) -> Executable:
+    def upsert_many(self, table: Table, columns: Sequence[str]) -> Executable:
+        """asyncmy turns the executemany into multi-row ``INSERT``s (every value a bound
+        parameter: an SQL expression among the values would make it send one row at a time)."""
         key = {c.name for c in table.primary_key.columns}
-        stmt = mysql.insert(table).values(rows)
-        return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in rows[0] if c not in key})
+        stmt = mysql.insert(table)
+        return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in columns if c not in key})
 
     def diagnose_driver(self, error: BaseException) -> Diagnosis | None:
         code, words = errno(error), error_words(error)

@@ -67,12 +67,12 @@ class PostgresDatabase(Database):
         milliseconds = max(1, int(seconds * 1000))
         return [text(f"SET LOCAL idle_in_transaction_session_timeout = {milliseconds}")]
 
-    def upsert_many(self, table: Table, rows: list[dict[str, Any]]) -> Executable:
+    def upsert_many(self, table: Table, columns: Sequence[str]) -> Executable:
+        """asyncpg sends the executemany as one prepared statement, pipelined."""
         key = [c.name for c in table.primary_key.columns]
-        stmt = postgresql.insert(table).values(rows)
-        columns = [c for c in rows[0] if c not in key]
+        stmt = postgresql.insert(table)
         return stmt.on_conflict_do_update(
-            index_elements=key, set_={c: stmt.excluded[c] for c in columns}
+            index_elements=key, set_={c: stmt.excluded[c] for c in columns if c not in key}
         )
 
     def diagnose_driver(self, error: BaseException) -> Diagnosis | None:
