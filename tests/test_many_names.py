@@ -1,19 +1,27 @@
 """An application with tens of thousands of recurring jobs: startup, polls and the cleanup of
 unresolved rows never put one bound parameter per job name into a statement (PostgreSQL
-refuses more than 32,767; the old cleanup failed past that)."""
+refuses more than 32,767; the old cleanup failed past that); a cron text is parsed once for
+all its jobs, and startup's many rows go out as executemanys (issue #17, startup with 100,000
+jobs)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select
+from croniter import croniter
+from sqlalchemy import event, func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import Schedules, scheduled_tasks
+from ekbatan_fastapi.domain import wallclock
+from ekbatan_fastapi.domain.errors import ScheduleError
 from ekbatan_fastapi.domain.rows import NewTask, PollingStrategy
+from ekbatan_fastapi.domain.wallclock import Cron
+from ekbatan_fastapi.engine.pace import PACE, paced
 from ekbatan_fastapi.store.dialects import open_store
 from ekbatan_fastapi.store.postgresql import statements as q
 
@@ -132,3 +140,82 @@ async def test_postgres_many_names_literal_and_plan(
             text_of_plan = plan if isinstance(plan, str) else json.dumps(plan)
             assert "hashed SubPlan" in text_of_plan, text_of_plan
             assert "task_name = ANY" not in text_of_plan, text_of_plan  # no array search
+
+
+def test_a_cron_text_is_parsed_once_for_many_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation, the parsed form and the first slot after startup's now are kept per text:
+    100,000 jobs of one expression pay croniter's parse once, not three times each."""
+    for cache in (wallclock._cron_problem, wallclock._cron_template, wallclock._cron_slot_after):
+        cache.cache_clear()
+    expand = croniter._expand
+    parses: list[str] = []
+
+    def counted(expression: str, *args: Any, **kwargs: Any) -> Any:
+        parses.append(expression)
+        return expand(expression, *args, **kwargs)
+
+    monkeypatch.setattr(croniter, "_expand", staticmethod(counted))
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    first = Cron("0 0 1 1 *", "Europe/Rome")
+    assert first.initial_execution_time(now) == datetime(2026, 12, 31, 23, tzinfo=UTC)
+    once = len(parses)
+    assert 1 <= once <= 6  # the expression, and each field alone for the messages
+    for _ in range(1_000):
+        schedule = Schedules.cron("0  0 1 1 *", zone="Europe/Rome")  # the same text, normalised
+        assert schedule.initial_execution_time(now) == datetime(2026, 12, 31, 23, tzinfo=UTC)
+    for day in range(1, 30):  # other instants: new slots, still no new parse
+        first.next_execution_time(now, now + timedelta(days=day))
+        first.slot_at_or_before(now + timedelta(days=day))
+    assert len(parses) == once
+    for _ in range(3):  # a bad text: judged once, the same message every time
+        with pytest.raises(ScheduleError, match=r"the minute field '61' .*out of range"):
+            Cron("61 * * * *")
+    assert len(parses) == once
+
+
+async def test_paced_gives_the_event_loop_turns() -> None:
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    before = turns
+    assert [i async for i in paced(range(5 * PACE))] == list(range(5 * PACE))
+    task.cancel()
+    assert turns - before >= 4
+
+
+async def test_startup_sends_many_rows_as_executemanys_compiled_once(
+    any_database: Database, any_registries: RegistryFactory
+) -> None:
+    """5,000 recurring jobs: the definitions go out as executemanys of 1,000 rows, each the
+    same one-row statement; the recurring rows as one statement of arrays (PostgreSQL) or
+    executemanys (MySQL/MariaDB). No statement's text grows with the rows."""
+    yearly = Schedules.cron("0 0 1 1 *")
+    registry = any_registries.build(*(RecordingJob(n, yearly) for n in NAMES[:5000]), poll=0.5)
+    sent: list[tuple[str, bool, int]] = []
+
+    def record(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, many: bool) -> None:
+        if statement.lstrip().upper().startswith("INSERT"):
+            sent.append((statement, many, len(params) if many else 1))
+
+    event.listen(registry.engine.sync_engine, "before_cursor_execute", record)
+    await registry.start()
+    assert await registry.wait_until_ready(60), registry.status()
+    definitions = [s for s in sent if "ekbatan_jobs" in s[0]]
+    assert [(many, n) for _, many, n in definitions] == [(True, 1000)] * 5
+    assert len({text for text, _, _ in definitions}) == 1
+    rows = [s for s in sent if "scheduled_tasks" in s[0]]
+    if not any_database.is_mysql:
+        assert [(many, n) for _, many, n in rows] == [(False, 1)]  # unnest of five arrays
+    else:
+        assert [(many, n) for _, many, n in rows] == [(True, 1000)] * 5
+    assert all(len(text) < 2000 for text, _, _ in sent)
+    async with registry.engine.connect() as conn:
+        assert await conn.scalar(select(func.count()).select_from(T)) == 5000
+        assert await conn.scalar(text("SELECT count(*) FROM ekbatan_jobs")) == 5000

@@ -25,6 +25,7 @@ from .definitions import Definitions
 from .history import HistoryRecorder
 from .link import DatabaseLink
 from .logs import log_extra
+from .pace import paced
 from .running import RunState
 
 __all__ = ["PlannedChange", "Startup"]
@@ -109,13 +110,13 @@ class Startup:
                         schedule.initial_execution_time(db_now),
                         priority=self.jobs[name].priority(),
                     )
-                    for name, schedule in enabled.items()
+                    async for name, schedule in paced(enabled.items())
                 ]
             )
         )
         movable = [
             n
-            for n, s in enabled.items()
+            async for n, s in paced(enabled.items())
             if s.is_deterministic
             and (n, RECURRING_INSTANCE) not in inserted
             and (decisions is None or decisions[n].changed)

@@ -53,6 +53,28 @@ def _row(d: JobDefinition, now: datetime) -> dict[str, Any]:
     }
 
 
+def _definition(r: Any) -> JobDefinition:
+    """A row of ``ekbatan_jobs`` as a definition."""
+    written_at = aware(r.written_at)
+    assert written_at is not None
+    return JobDefinition(
+        task_name=r.task_name,
+        kind=r.kind,
+        schedule=r.schedule,
+        fingerprint=r.fingerprint,
+        app_version=r.app_version,
+        timeout=timedelta(milliseconds=r.timeout_ms) if r.timeout_ms is not None else None,
+        max_concurrency=r.max_concurrency,
+        keyed=bool(r.keyed),
+        written_by=r.written_by,
+        written_at=written_at,
+        catch_up=r.catch_up,
+        missed=int(r.missed_slots),
+        caught_up=int(r.caught_up_slots),
+        skipped=int(r.skipped_slots),
+    )
+
+
 class JobsStore:
     """Reads and writes ``ekbatan_jobs``; counts per job from the other tables."""
 
@@ -91,36 +113,14 @@ class JobsStore:
         stmt = select(j)
         if since is not None:
             stmt = stmt.where(j.c.written_at >= since)
-        result = {}
-        rows = []
         if names is None:
-            rows = list(await self.db.rows(stmt))
-        else:
-            listed = list(names)
-            for start in range(0, len(listed), _BATCH):
-                chunk = listed[start : start + _BATCH]
-                rows += await self.db.rows(stmt.where(j.c.task_name.in_(chunk)))
-        for r in rows:
-            written_at = aware(r.written_at)
-            assert written_at is not None
-            result[r.task_name] = JobDefinition(
-                task_name=r.task_name,
-                kind=r.kind,
-                schedule=r.schedule,
-                fingerprint=r.fingerprint,
-                app_version=r.app_version,
-                timeout=(
-                    timedelta(milliseconds=r.timeout_ms) if r.timeout_ms is not None else None
-                ),
-                max_concurrency=r.max_concurrency,
-                keyed=bool(r.keyed),
-                written_by=r.written_by,
-                written_at=written_at,
-                catch_up=r.catch_up,
-                missed=int(r.missed_slots),
-                caught_up=int(r.caught_up_slots),
-                skipped=int(r.skipped_slots),
-            )
+            return {r.task_name: _definition(r) for r in await self.db.rows(stmt)}
+        result = {}
+        listed = list(names)
+        for start in range(0, len(listed), _BATCH):  # each read gives the event loop a turn
+            chunk = listed[start : start + _BATCH]
+            for r in await self.db.rows(stmt.where(j.c.task_name.in_(chunk))):
+                result[r.task_name] = _definition(r)
         return result
 
     async def add_counts(self, counts: dict[str, tuple[int, int, int]]) -> None:

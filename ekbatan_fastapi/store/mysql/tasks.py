@@ -45,6 +45,8 @@ _CHUNK = 250
 values or more (``in_predicate_conversion_threshold``; a pair counts twice) into a join over a
 temporary table that scans the whole table: 500 pairs read 122,013 rows of a 123,000-row
 table, 300 pairs read 300."""
+_INSERT_ROWS = 1000
+"""Rows per executemany of ``insert_missing`` (one transaction for all of them)."""
 
 
 def owned_params(triples: Sequence[tuple[str, str, int]]) -> dict[str, Any]:
@@ -143,26 +145,24 @@ class MySQLTaskStore(TaskStore):
     async def _insert(
         self, conn: AsyncConnection, *, tasks: dict[TaskKey, NewTask], keys: list[TaskKey]
     ) -> None:
-        """One executemany (SQLAlchemy sends it as multi-row INSERTs, 1,000 rows each)."""
+        """Executemanys of ``_INSERT_ROWS`` rows (asyncmy sends each as multi-row INSERTs);
+        the event loop gets a turn between them."""
         now: datetime | None = None
         if any(tasks[key].execution_time is None for key in keys):
             now = (await conn.execute(select(self.db.now_expr()))).scalar_one()
-        rows = []
-        for key in keys:
-            row = self._values(tasks[key])
-            if tasks[key].execution_time is None:
-                row["execution_time"] = now
-            rows.append(row)
-        await conn.execute(insert(self.table), rows)
+        for start in range(0, len(keys), _INSERT_ROWS):
+            chunk = keys[start : start + _INSERT_ROWS]
+            await conn.execute(insert(self.table), [self._values(tasks[k], now) for k in chunk])
 
-    def _values(self, task: NewTask) -> dict[str, Any]:
+    def _values(self, task: NewTask, now: datetime | None = None) -> dict[str, Any]:
+        """The row of ``task``; without a time it is due at ``now`` (default: the database's
+        now, as SQL)."""
+        due = task.execution_time if task.execution_time is not None else now
         return {
             "task_name": task.task_name,
             "task_instance": task.task_instance,
             "task_data": task.task_data,
-            "execution_time": (
-                task.execution_time if task.execution_time is not None else self.db.now_expr()
-            ),
+            "execution_time": due if due is not None else self.db.now_expr(),
             "picked": False,
             "version": 1,
             "priority": task.priority,
@@ -223,12 +223,7 @@ class MySQLTaskStore(TaskStore):
         now: datetime | None = None
         if any(unique[key].execution_time is None for key in missing):
             now = (await caller.execute(select(self.db.now_expr()))).scalar_one()
-        rows = []
-        for key in missing:
-            row = self._values(unique[key])
-            if unique[key].execution_time is None:
-                row["execution_time"] = now
-            rows.append(row)
+        rows = [self._values(unique[key], now) for key in missing]
         try:
             await caller.execute(insert(self.table), rows)
             return sorted(missing)
