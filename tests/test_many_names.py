@@ -21,6 +21,7 @@ from ekbatan_fastapi.domain import wallclock
 from ekbatan_fastapi.domain.errors import ScheduleError
 from ekbatan_fastapi.domain.rows import NewTask, PollingStrategy
 from ekbatan_fastapi.domain.wallclock import Cron
+from ekbatan_fastapi.engine import definitions as definitions_module
 from ekbatan_fastapi.engine.pace import PACE, paced
 from ekbatan_fastapi.store.dialects import open_store
 from ekbatan_fastapi.store.postgresql import statements as q
@@ -219,3 +220,30 @@ async def test_startup_sends_many_rows_as_executemanys_compiled_once(
     async with registry.engine.connect() as conn:
         assert await conn.scalar(select(func.count()).select_from(T)) == 5000
         assert await conn.scalar(text("SELECT count(*) FROM ekbatan_jobs")) == 5000
+
+
+async def test_a_re_read_of_the_definitions_starts_where_the_last_one_began(
+    any_registries: RegistryFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-reads started at the newest definition seen (less 5 s): 100,000 definitions written
+    within 5 s were all read again at every heartbeat round. Now each is read once."""
+    monkeypatch.setattr(definitions_module, "_OVERLAP", timedelta(0))
+    yearly = Schedules.cron("0 0 1 1 *")
+    registry = any_registries.build(*(RecordingJob(n, yearly) for n in NAMES[:1500]), poll=0.5)
+    read: list[int] = []
+    store = registry.scheduler.definitions.store
+    original = store.definitions
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        found = await original(*args, **kwargs)
+        if kwargs.get("since") is not None or not args:
+            read.append(len(found))
+        return found
+
+    monkeypatch.setattr(store, "definitions", counted)
+    await registry.start()
+    assert await registry.wait_until_ready(60), registry.status()
+    for _ in range(3):
+        await registry.scheduler.definitions._refresh()
+    assert read[-1] == 0 and read[-2] == 0
+    assert sum(read) <= 1500  # its own 1,500, at most once (paged by 1,000)

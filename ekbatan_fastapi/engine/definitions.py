@@ -159,8 +159,9 @@ class Definitions:
                 log.warning("%s", decision.warning, extra={"task_name": name})
             if not decision.ours:
                 self._adopt(name, stored[name], decision)
-        await self.store.write([ours[n] for n, d in decisions.items() if d.write])
+        written = await self.store.write([ours[n] for n, d in decisions.items() if d.write])
         self._note_seen(stored.values())
+        self._handled.update(written)  # its own: not to decide again at the next re-read
         self._refreshed = time.monotonic()
         return decisions
 

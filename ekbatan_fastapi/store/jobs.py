@@ -91,14 +91,17 @@ class JobsStore:
         """True when the table exists (looked up again at most every 30 s while missing)."""
         return await self.presence.look()
 
-    async def write(self, definitions: Sequence[JobDefinition]) -> None:
+    async def write(self, definitions: Sequence[JobDefinition]) -> dict[str, datetime]:
         """Create or replace these definitions (``written_at`` = the database's now, read before
         each batch): one executemany per ``_BATCH`` rows, so the statement is compiled once and
-        the event loop gets its turn between batches."""
+        the event loop gets its turn between batches. The ``written_at`` of each, by name."""
+        written: dict[str, datetime] = {}
         for start in range(0, len(definitions), _BATCH):
             now = (await self.db.clock())[0]
             rows = [_row(d, now) for d in definitions[start : start + _BATCH]]
             await self.db.rowcount(self._upsert, rows)
+            written.update((d["task_name"], now) for d in rows)
+        return written
 
     @functools.cached_property
     def _upsert(self) -> Executable:
@@ -108,14 +111,24 @@ class JobsStore:
         self, names: Sequence[str] | None = None, *, since: datetime | None = None
     ) -> dict[str, JobDefinition]:
         """The stored definitions (of ``names``, or all; written at or after ``since``), by
-        task name."""
+        task name. Read ``_BATCH`` rows per statement: the event loop gets a turn between."""
         j = self.table
         stmt = select(j)
         if since is not None:
             stmt = stmt.where(j.c.written_at >= since)
+        result: dict[str, JobDefinition] = {}
         if names is None:
-            return {r.task_name: _definition(r) for r in await self.db.rows(stmt)}
-        result = {}
+            page = stmt.order_by(j.c.task_name).limit(_BATCH)
+            rows = await self.db.rows(page)
+            while rows:
+                result.update((r.task_name, _definition(r)) for r in rows)
+                after = rows[-1].task_name
+                rows = (
+                    await self.db.rows(page.where(j.c.task_name > after))
+                    if len(rows) == _BATCH
+                    else []
+                )
+            return result
         listed = list(names)
         for start in range(0, len(listed), _BATCH):  # each read gives the event loop a turn
             chunk = listed[start : start + _BATCH]

@@ -35,6 +35,10 @@ from .database import PostgresDatabase, sqlstate
 
 __all__ = ["PostgresTaskStore"]
 
+_INSERT_ROWS = 10_000
+"""Tasks per ``insert_missing`` statement: 100,000 in one took 0.15 s of the event loop (the
+arrays encoded, the keys returned)."""
+
 
 def _refused_value(error: BaseException) -> bool:
     """A statement the database (or asyncpg, encoding it) refused as a whole: a data,
@@ -163,10 +167,14 @@ class PostgresTaskStore(TaskStore):
     # -- scheduling -------------------------------------------------------------------------
 
     async def insert_missing(self, tasks: Sequence[NewTask]) -> list[TaskKey]:
-        if not tasks:
-            return []
-        rows = await self.db.rows(self._insert_missing, self._insert_params(tasks))
-        return sorted((r[0], r[1]) for r in rows)
+        """One statement of arrays per ``_INSERT_ROWS`` tasks (each race-safe on its own), so
+        the event loop gets a turn between them."""
+        inserted: list[TaskKey] = []
+        for start in range(0, len(tasks), _INSERT_ROWS):
+            chunk = tasks[start : start + _INSERT_ROWS]
+            rows = await self.db.rows(self._insert_missing, self._insert_params(chunk))
+            inserted += ((r[0], r[1]) for r in rows)
+        return sorted(inserted)
 
     async def upsert(self, task: NewTask, *, replace: bool) -> bool:
         """``task.execution_time`` None means the database's now."""
