@@ -244,6 +244,6 @@ async def test_a_re_read_of_the_definitions_starts_where_the_last_one_began(
     await registry.start()
     assert await registry.wait_until_ready(60), registry.status()
     for _ in range(3):
-        await registry.scheduler.definitions._refresh()
+        await registry.scheduler.definitions.refresh()  # shared with the heartbeat rounds
     assert read[-1] == 0 and read[-2] == 0
     assert sum(read) <= 1500  # its own 1,500, at most once (paged by 1,000)
