@@ -26,6 +26,8 @@ is reported as "at least"."""
 
 def utc(value: datetime, name: str) -> datetime:
     """``value`` in UTC; ScheduleError naming ``name`` if it is not an aware datetime."""
+    if type(value) is datetime and value.tzinfo is UTC:
+        return value  # the usual case (the database's times, the clock's): nothing to convert
     if not isinstance(value, datetime):
         raise ScheduleError(f"{name} must be a datetime, got {value!r}")
     if value.tzinfo is None or value.utcoffset() is None:
