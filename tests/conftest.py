@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -46,8 +47,11 @@ def _embedded_server() -> Iterator[str]:
     server.psql("ALTER SYSTEM SET fsync = off; ALTER SYSTEM SET synchronous_commit = off;")
     server.psql("ALTER SYSTEM SET max_connections = 300;")
     server.psql("SELECT pg_reload_conf();")
-    yield server.url("postgres")
-    server.cleanup()
+    try:
+        yield server.url("postgres")
+    finally:
+        server.cleanup()
+        shutil.rmtree(base, ignore_errors=True)  # the emptied temporary directory too
 
 
 @pytest.fixture(scope="session")

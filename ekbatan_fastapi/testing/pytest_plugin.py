@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -66,6 +67,7 @@ def ekbatan_postgres_server_url() -> Iterator[str]:
         yield server.url("postgres")
     finally:
         server.cleanup()
+        shutil.rmtree(base, ignore_errors=True)  # the emptied temporary directory too
 
 
 async def _as_admin(server_url: str, statement: str) -> None:
