@@ -445,6 +445,32 @@ class Child:
             await self.proc.wait()
 
 
+async def run_bounded(
+    args: Sequence[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> tuple[int, str, str]:
+    """Run a command to its end within ``timeout`` seconds (killed and TimeoutError past it):
+    its exit code, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    return proc.returncode if proc.returncode is not None else -1, out.decode(), err.decode()
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

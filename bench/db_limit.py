@@ -258,19 +258,10 @@ async def _pgbench(
     for key, value in (defines or {}).items():
         args += ["-D", f"{key}={value}"]
     args.append(database)
-    proc = await asyncio.create_subprocess_exec(
-        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
-    )
-    try:
-        async with asyncio.timeout(timeout):
-            out, err = await proc.communicate()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    output = out.decode() + err.decode()
-    if proc.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{output[-3000:]}")
+    code, out, err = await common.run_bounded(args, timeout=timeout, env=env)
+    output = out + err
+    if code != 0:
+        raise RuntimeError(f"pgbench failed ({code}):\n{output[-3000:]}")
     return _parse_tps(output), output
 
 
@@ -478,19 +469,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             version = await common.server_version(engine)
         finally:
             await engine.dispose()
-        summaries = summarize(runs)
         info = {"server": server.kind, "server_version": version, "n": n, "batch": args.batch_size}
+    return report(runs, single, info, args.json)
+
+
+def report(
+    runs: Sequence[LimitRun],
+    single: dict[int, float],
+    info: dict[str, Any],
+    json_path: Path | None,
+    *,
+    client: str = "pgbench",
+) -> dict[str, Any]:
+    """Print the runs' table under ``info``; the result (also written to ``json_path``)."""
+    summaries = summarize(runs)
     print()
     print(", ".join(f"{k} {v}" for k, v in info.items()))
-    print(format_table(summaries, single))
+    print(format_table(summaries, single, client=client))
     result = {
         "info": info,
         "runs": [dataclasses.asdict(r) | {"rows_per_second": r.rows_per_second} for r in runs],
         "summary": [dataclasses.asdict(s) for s in summaries],
         "single_row": {str(k): v for k, v in single.items()},
     }
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2))
     return result
 
 

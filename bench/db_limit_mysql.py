@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import re
@@ -193,20 +192,11 @@ async def mysqlslap(
         args = [mysqlslap_binary(), *conn_args, "--no-drop", "--init-command=SET autocommit = 0"]
         args += [f"--query={script.name}", "--delimiter=;", f"--concurrency={clients}"]
         args += ["--iterations=1", f"--number-of-queries={queries}"]
-        proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
-        )
-        try:
-            async with asyncio.timeout(timeout):
-                out, err = await proc.communicate()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise
-    output = out.decode() + err.decode()
+        code, out, err = await common.run_bounded(args, timeout=timeout, env=env)
+    output = out + err
     match = _ELAPSED.search(output)
-    if proc.returncode != 0 or match is None:
-        raise RuntimeError(f"mysqlslap failed ({proc.returncode}):\n{output[-3000:]}")
+    if code != 0 or match is None:
+        raise RuntimeError(f"mysqlslap failed ({code}):\n{output[-3000:]}")
     return float(match.group(1))
 
 
@@ -334,21 +324,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ).one()
     finally:
         await engine.dispose()
-    summaries = db_limit.summarize(runs)
     info = {"server_version": version, "innodb_flush_log_at_trx_commit": flush, "n": n}
     info["batch"] = args.batch_size
-    print()
-    print(", ".join(f"{k} {v}" for k, v in info.items()))
-    print(db_limit.format_table(summaries, single, client="mysqlslap"))
-    result = {
-        "info": info,
-        "runs": [dataclasses.asdict(r) | {"rows_per_second": r.rows_per_second} for r in runs],
-        "summary": [dataclasses.asdict(s) for s in summaries],
-        "single_row": {str(k): v for k, v in single.items()},
-    }
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return result
+    return db_limit.report(runs, single, info, args.json, client="mysqlslap")
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -73,24 +73,11 @@ def available() -> str | None:
 
 
 async def _peer(*args: str, timeout: float = 600.0) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        str(PEERS_PY),
-        str(PEERS_SCRIPT),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=str(common.ROOT),
-    )
-    try:
-        async with asyncio.timeout(timeout):
-            out, err = await proc.communicate()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    if proc.returncode != 0:
-        raise RuntimeError(f"peers.py {' '.join(args[:2])} failed:\n{err.decode()[-2000:]}")
-    return out.decode()
+    command = [str(PEERS_PY), str(PEERS_SCRIPT), *args]
+    code, out, err = await common.run_bounded(command, timeout=timeout, cwd=str(common.ROOT))
+    if code != 0:
+        raise RuntimeError(f"peers.py {' '.join(args[:2])} failed:\n{err[-2000:]}")
+    return out
 
 
 async def versions() -> dict[str, str]:
