@@ -1,6 +1,6 @@
-"""PNG charts for docs/BENCHMARKS.md from run_all.py's results JSON, or history_growth.py's
-(needs matplotlib: run it with the peers' environment,
-``bench/.venv-peers/bin/python bench/charts.py RESULTS OUTDIR``).
+"""PNG charts for docs/BENCHMARKS.md from run_all.py's results JSON, history_growth.py's, or
+a file of measured figures (``docs/benchmarks/cost-round2.json``). Needs matplotlib: run it
+with the peers' environment, ``bench/.venv-peers/bin/python bench/charts.py RESULTS OUTDIR``.
 """
 
 from __future__ import annotations
@@ -189,6 +189,39 @@ def history_growth_chart(results: dict[str, Any], out: Path) -> Path | None:
     return path
 
 
+_COST_PANELS = (
+    ("cpu_per_execution_us", "worker CPU per no-op execution, us", "goal <= {goal}"),
+    ("efficiency", "ours / the database's limit", "goal >= {goal}"),
+    ("sixteen_processes", "16 processes / the best rate", "goal >= {goal}"),
+    ("burst_p99_ms", "1,000 jobs in one second: lag p99, ms", "goal <= {goal}"),
+)
+
+
+def cost_chart(results: dict[str, Any], out: Path) -> Path | None:
+    """A file of ``{"cost": {panel: {"goal": g, "runs": [{"label", "value"}]}}}``: one bar
+    panel per figure of issue #17's targets, with the goal as a line."""
+    cost = results.get("cost")
+    if not isinstance(cost, dict):
+        return None
+    panels = [(key, title, goal) for key, title, goal in _COST_PANELS if key in cost]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4))
+    grid = list(getattr(axes, "flat", [axes]))
+    for ax, (key, title, goal_text) in zip(grid, panels, strict=True):
+        runs, goal = cost[key]["runs"], cost[key]["goal"]
+        bars = ax.bar(range(len(runs)), [r["value"] for r in runs], color=COLORS[OURS])
+        ax.bar_label(bars, labels=[f"{r['value']:g}" for r in runs], fontsize=7, padding=2)
+        ax.axhline(goal, color="#d62728", linestyle="--", linewidth=1)
+        ax.text(-0.4, goal, goal_text.format(goal=goal), fontsize=7, va="bottom", color="#d62728")
+        ax.set_xticks(range(len(runs)))
+        ax.set_xticklabels([r["label"] for r in runs], fontsize=6)
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = out / "cost-round2.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str]) -> int:
     results = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
@@ -200,6 +233,7 @@ def main(argv: list[str]) -> int:
             lag_chart(results, out),
             failover_chart(results, out),
             history_growth_chart(results, out),
+            cost_chart(results, out),
         )
         if p is not None
     ]
