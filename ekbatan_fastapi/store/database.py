@@ -11,10 +11,10 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Table, func, select
 from sqlalchemy.exc import DBAPIError
@@ -60,6 +60,15 @@ def error_words(error: BaseException) -> str:
         if str(inner).strip()
         else (type(inner).__name__)
     )
+
+
+T = TypeVar("T")
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in slices of at most ``size``: the rows, keys or names one statement takes."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def aware(value: datetime | None) -> datetime | None:

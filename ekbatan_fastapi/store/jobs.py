@@ -13,7 +13,7 @@ from sqlalchemy.sql import Executable
 
 from ..domain.backfill import BACKFILL_PREFIX
 from ..domain.records import JobDefinition, Outcome
-from .database import Database, aware
+from .database import Database, aware, chunks
 from .presence import TablesPresence
 
 __all__ = ["JobsStore"]
@@ -96,9 +96,9 @@ class JobsStore:
         each batch): one executemany per ``_BATCH`` rows, so the statement is compiled once and
         the event loop gets its turn between batches. The ``written_at`` of each, by name."""
         written: dict[str, datetime] = {}
-        for start in range(0, len(definitions), _BATCH):
+        for batch in chunks(definitions, _BATCH):
             now = (await self.db.clock())[0]
-            rows = [_row(d, now) for d in definitions[start : start + _BATCH]]
+            rows = [_row(d, now) for d in batch]
             await self.db.rowcount(self._upsert, rows)
             written.update((d["task_name"], now) for d in rows)
         return written
@@ -129,9 +129,7 @@ class JobsStore:
                     else []
                 )
             return result
-        listed = list(names)
-        for start in range(0, len(listed), _BATCH):  # each read gives the event loop a turn
-            chunk = listed[start : start + _BATCH]
+        for chunk in chunks(list(names), _BATCH):  # each read gives the event loop a turn
             for r in await self.db.rows(stmt.where(j.c.task_name.in_(chunk))):
                 result[r.task_name] = _definition(r)
         return result

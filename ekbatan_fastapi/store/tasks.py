@@ -36,7 +36,7 @@ from ..domain.rows import (
     TaskKey,
     TaskRow,
 )
-from .database import Database, aware
+from .database import Database, aware, chunks
 from .external import Caller
 from .lease import Lease
 from .probe import probes
@@ -213,8 +213,7 @@ class TaskStore(abc.ABC):
         t = self.table
         unique = list(dict.fromkeys(names))
         found: list[TaskRow] = []
-        for start in range(0, len(unique), _NAMES_CHUNK):
-            chunk = unique[start : start + _NAMES_CHUNK]
+        for chunk in chunks(unique, _NAMES_CHUNK):
             stmt = select(t).where(t.c.task_instance == instance, t.c.task_name.in_(chunk))
             found += [self.to_row(r) for r in await self.db.rows(stmt)]
         return found
@@ -248,8 +247,7 @@ class TaskStore(abc.ABC):
             last = found[-1]
             after = (last[0], last[1], last[2])
             keys = [(r[1], r[2]) for r in found if r[1] not in known]
-            for start in range(0, len(keys), self.keys_per_statement):
-                chunk = keys[start : start + self.keys_per_statement]
+            for chunk in chunks(keys, self.keys_per_statement):
                 deleted += await self.db.rowcount(delete(t).where(key.in_(chunk), *guards))
             if len(found) < _UNRESOLVED_BATCH:
                 return deleted

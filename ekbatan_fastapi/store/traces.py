@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, exists, select, tuple_
 
-from .database import Database
+from .database import Database, chunks
 from .external import Caller
 from .presence import TablesPresence
 
@@ -57,8 +57,7 @@ class TraceStore:
             return
         t = self.table
         keys = [(c.task_name, c.task_instance) for c in contexts]
-        for start in range(0, len(keys), _CHUNK):
-            chunk = keys[start : start + _CHUNK]
+        for chunk in chunks(keys, _CHUNK):
             await caller.execute(
                 delete(t).where(tuple_(t.c.task_name, t.c.task_instance).in_(chunk))
             )

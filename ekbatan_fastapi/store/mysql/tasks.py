@@ -10,7 +10,7 @@ dialects connect with ``CLIENT_FOUND_ROWS``: matched rows, not changed rows).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,7 +30,7 @@ from ...domain.rows import (
     TaskKey,
     TaskRow,
 )
-from ..database import aware
+from ..database import aware, chunks
 from ..external import Caller
 from ..lease import Lease
 from ..tasks import TaskStore
@@ -135,23 +135,32 @@ class MySQLTaskStore(TaskStore):
         return inserted
 
     async def _missing_keys(self, keys: list[TaskKey]) -> list[TaskKey]:
-        existing: set[TaskKey] = set()
         async with self.db.connect() as conn:
-            for start in range(0, len(keys), _CHUNK):
-                result = await conn.execute(self._existing, {"keys": keys[start : start + _CHUNK]})
-                existing.update((r[0], r[1]) for r in result)
-        return sorted(key for key in keys if key not in existing)
+            return sorted(await self._absent(conn, keys))
+
+    async def _absent(self, on: AsyncConnection | Caller, keys: list[TaskKey]) -> list[TaskKey]:
+        """The ``keys`` no row has (in their order), read ``_CHUNK`` keys per statement."""
+        existing: set[TaskKey] = set()
+        for chunk in chunks(keys, _CHUNK):
+            result = await on.execute(self._existing, {"keys": chunk})
+            existing.update((r[0], r[1]) for r in result)
+        return [key for key in keys if key not in existing]
+
+    async def _now_for(
+        self, on: AsyncConnection | Caller, tasks: Iterable[NewTask]
+    ) -> datetime | None:
+        """The database's now when one of ``tasks`` has no time of its own (due now)."""
+        if any(task.execution_time is None for task in tasks):
+            return (await on.execute(select(self.db.now_expr()))).scalar_one()
+        return None
 
     async def _insert(
         self, conn: AsyncConnection, *, tasks: dict[TaskKey, NewTask], keys: list[TaskKey]
     ) -> None:
         """Executemanys of ``_INSERT_ROWS`` rows (asyncmy sends each as multi-row INSERTs);
         the event loop gets a turn between them."""
-        now: datetime | None = None
-        if any(tasks[key].execution_time is None for key in keys):
-            now = (await conn.execute(select(self.db.now_expr()))).scalar_one()
-        for start in range(0, len(keys), _INSERT_ROWS):
-            chunk = keys[start : start + _INSERT_ROWS]
+        now = await self._now_for(conn, (tasks[key] for key in keys))
+        for chunk in chunks(keys, _INSERT_ROWS):
             await conn.execute(insert(self.table), [self._values(tasks[k], now) for k in chunk])
 
     def _values(self, task: NewTask, now: datetime | None = None) -> dict[str, Any]:
@@ -212,17 +221,10 @@ class MySQLTaskStore(TaskStore):
         unique: dict[TaskKey, NewTask] = {}
         for task in tasks:
             unique.setdefault((task.task_name, task.task_instance), task)
-        keys = list(unique)
-        existing: set[TaskKey] = set()
-        for start in range(0, len(keys), _CHUNK):
-            result = await caller.execute(self._existing, {"keys": keys[start : start + _CHUNK]})
-            existing.update((r[0], r[1]) for r in result)
-        missing = [key for key in keys if key not in existing]
+        missing = await self._absent(caller, list(unique))
         if not missing:
             return []
-        now: datetime | None = None
-        if any(unique[key].execution_time is None for key in missing):
-            now = (await caller.execute(select(self.db.now_expr()))).scalar_one()
+        now = await self._now_for(caller, (unique[key] for key in missing))
         rows = [self._values(unique[key], now) for key in missing]
         try:
             await caller.execute(insert(self.table), rows)

@@ -26,6 +26,7 @@ from ...domain.rows import (
     TaskKey,
     TaskRow,
 )
+from ..database import chunks
 from ..external import Caller
 from ..lease import Lease, discard_connection
 from ..probe import probes
@@ -170,8 +171,7 @@ class PostgresTaskStore(TaskStore):
         """One statement of arrays per ``_INSERT_ROWS`` tasks (each race-safe on its own), so
         the event loop gets a turn between them."""
         inserted: list[TaskKey] = []
-        for start in range(0, len(tasks), _INSERT_ROWS):
-            chunk = tasks[start : start + _INSERT_ROWS]
+        for chunk in chunks(tasks, _INSERT_ROWS):
             rows = await self.db.rows(self._insert_missing, self._insert_params(chunk))
             inserted += ((r[0], r[1]) for r in rows)
         return sorted(inserted)
