@@ -460,3 +460,20 @@ async def test_a_re_read_of_the_definitions_does_not_read_an_unchanged_deploy_ag
     await definitions.refresh()
     await definitions.refresh()
     assert read == [30, 0]
+
+
+async def test_a_failing_look_for_a_newer_schedule_still_records_the_run(
+    any_registries: RegistryFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The re-read before a recurring run is recorded fails (not a database error, which it
+    handles itself): the run is recorded by the schedule it had, and the error is logged."""
+    job = RecordingJob("steady", Schedules.fixed_delay(timedelta(milliseconds=100)))
+    registry = await any_registries.start(job)
+
+    async def broken(max_age: float = 0.0) -> None:
+        raise RuntimeError("definitions broke")
+
+    registry.scheduler.definitions.refresh = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="ekbatan_fastapi"):
+        await wait_until(lambda: len(job.slots) >= 3, what="runs recorded and run again")
+    assert "could not look for a newer stored schedule of steady/recurring" in caplog.text

@@ -171,8 +171,7 @@ class Executor:
             self._after_commit(execution, error)
             return
         if self._before_recording is not None and not cancelled and execution.recurring:
-            await self._before_recording()
-            execution.schedule = self.schedules.get(execution.row.task_name, execution.schedule)
+            await self._newest_schedule(execution)
         if error is not None:
             self._log_failure(execution, error)
             execution.error = error
@@ -184,6 +183,23 @@ class Executor:
             fallback_delay=self.config.polling_interval,
         )
         self.submit(finish, execution)
+
+    async def _newest_schedule(self, execution: Execution) -> None:
+        """Take the schedule a rolling deploy stored, if newer. Whatever goes wrong here, the
+        result is still recorded (by the schedule the execution had): an exception would end
+        this task with the row picked and heartbeated, its slot run by nobody."""
+        assert self._before_recording is not None
+        try:
+            await self._before_recording()
+        except Exception:
+            log.exception(
+                "could not look for a newer stored schedule of %s; its next time comes from "
+                "the schedule it ran by",
+                execution.label,
+                extra=self._extra(execution.row),
+            )
+            return
+        execution.schedule = self.schedules.get(execution.row.task_name, execution.schedule)
 
     def _after_commit(self, execution: Execution, error: BaseException | None) -> None:
         """The job's ``ctx.transaction()`` committed its slot: report it as recorded."""
