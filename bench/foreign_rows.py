@@ -163,7 +163,10 @@ def is_mysql(url: str) -> bool:
 async def _mysql_fill(conn: Any, foreign: int) -> None:
     from sqlalchemy import text
 
-    await conn.execute(text("DELETE FROM scheduled_tasks"))
+    # TRUNCATE (InnoDB makes the table anew), not DELETE: the rows a DELETE marks stay in the
+    # indexes until the purge thread removes them, and every later read walks past them (a
+    # size measured after another was 1.5-4x slower than the same size on a fresh table).
+    await conn.execute(text("TRUNCATE TABLE scheduled_tasks"))
     mariadb = "mariadb" in str((await conn.execute(text("SELECT VERSION()"))).scalar()).lower()
     if not mariadb:
         await conn.execute(text("SET SESSION cte_max_recursion_depth = 4294967295"))
