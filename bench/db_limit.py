@@ -162,9 +162,11 @@ def build_scripts(with_history: bool = False) -> dict[str, str]:
     )
     # With the history, the completion is the repository's statement that also inserts it.
     finish = _rename(sql["finish_history" if with_history else "finish"], "c_")
-    # Columns with no value in any row (no-op successes: no next time, no error) the
-    # scheduler sends as NULL arrays (``unnest`` pads them); so does the script.
-    for column in ("next_times", "h_classes", "h_messages"):
+    # Columns with no value in any row (no-op successes: no next time, no error) or one value
+    # in every row (kind 3, delete; outcome succeeded) the scheduler sends as NULL arrays
+    # (``unnest`` pads them, the statement fills in the value); so does the script. The
+    # history's keys are the results' (``finish(same_keys=True)``).
+    for column in ("next_times", "kinds", "h_outcomes", "h_classes", "h_messages"):
         finish = finish.replace(f"CAST(:c_{column} AS", "CAST(NULL AS")
     claim = _rename(claim, "f_")
     tail = [_one_line(finish)]

@@ -21,7 +21,7 @@ from ekbatan_fastapi import (
     create_schema,
 )
 from ekbatan_fastapi.domain.records import ExecutionRecord
-from ekbatan_fastapi.domain.rows import Finish, FinishKind, Owned
+from ekbatan_fastapi.domain.rows import Finish, FinishKind, Owned, TaskRow
 from ekbatan_fastapi.store.dialects import open_store
 from ekbatan_fastapi.store.lease import Lease
 
@@ -261,6 +261,76 @@ async def test_a_retried_completion_does_not_write_its_history_twice(
             .all()
         )
     assert outcomes == ["succeeded", "superseded"]
+
+
+async def test_a_completion_records_every_shape_of_batch(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    """The completion leaves out what it can (the history's keys when they are the results',
+    the kinds when every row is deleted, the outcomes when all succeeded): each shape still
+    writes the right rows and records, including a history in another order than the results
+    and a batch of mixed kinds and outcomes."""
+    registry = registries.build(CountingJob())
+    repository = registry.store.tasks
+    await create_schema(engine)
+    for instance in ("a", "b", "c", "d"):
+        await registry.client.schedule("count", instance)
+    result = await repository.poll(["count"], 10, "me", "lock-and-fetch")
+    rows = sorted(result.claimed, key=lambda r: r.task_instance)
+    now = result.db_now
+
+    def owned(row: TaskRow) -> Owned:
+        return Owned(row.task_name, row.task_instance, row.version)
+
+    def entry(row: TaskRow, outcome: str, error: str | None = None) -> ExecutionRecord:
+        return ExecutionRecord(
+            row.task_name, row.task_instance, row.execution_time, "me", now, now, outcome,
+            None if error is None else "RuntimeError", error, version=row.version,
+        )  # fmt: skip
+
+    a, b, c, d = rows
+    later = now + timedelta(hours=1)
+    # all deleted, all succeeded, the history in the results' order: the shortest shape
+    assert await repository.finish(
+        [Finish(owned(a), FinishKind.DELETED)], history=[entry(a, "succeeded")], picked_by="me"
+    ) == {a.key}
+    # mixed kinds and outcomes, the history in the reverse order of the results
+    finishes = [
+        Finish(owned(b), FinishKind.FAILED, later),
+        Finish(owned(c), FinishKind.DELETED),
+        Finish(owned(d), FinishKind.RELEASED),
+    ]
+    history = [entry(d, "cancelled"), entry(c, "succeeded"), entry(b, "failed", "boom")]
+    assert await repository.finish(finishes, history=history, picked_by="me") == {
+        b.key,
+        c.key,
+        d.key,
+    }
+    async with engine.connect() as conn:
+        records = (
+            await conn.execute(
+                text(
+                    "SELECT task_instance, outcome, error_class, error_message "
+                    "FROM ekbatan_execution_history ORDER BY task_instance"
+                )
+            )
+        ).all()
+        left = (
+            await conn.execute(
+                text(
+                    "SELECT task_instance, picked, consecutive_failures, execution_time "
+                    "FROM scheduled_tasks ORDER BY task_instance"
+                )
+            )
+        ).all()
+    assert [tuple(r) for r in records] == [
+        ("a", "succeeded", None, None),
+        ("b", "failed", "RuntimeError", "boom"),
+        ("c", "succeeded", None, None),
+        ("d", "cancelled", None, None),
+    ]
+    assert [(r[0], r[1], r[2]) for r in left] == [("b", False, 1), ("d", False, None)]
+    assert left[0][3] == later
 
 
 def test_the_postgresql_dialect_needs_asyncpg() -> None:

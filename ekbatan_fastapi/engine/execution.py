@@ -8,12 +8,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from ..domain.catchup import CatchUp, SlotPlan, next_after_run, skip_message
-from ..domain.codec import TaskDataInvalid
+from ..domain.codec import DataModel, TaskDataInvalid
 from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.failure import ExponentialBackoff, FailureHandler
 from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, data_model_of
 from ..domain.logs import library_logger
-from ..domain.records import ExecutionRecord, outcome_of
+from ..domain.records import ExecutionRecord, Outcome, outcome_of
 from ..domain.rows import PARKED_TIME, Finish, FinishKind, Owned, TaskRow
 from ..domain.text import storable
 
@@ -32,6 +32,20 @@ a backfill is watched while it runs, so it starts sooner)."""
 
 _MESSAGE_LIMIT = 2000
 """Characters of an error message kept in the history (the column's limit)."""
+_VALUES = {outcome: outcome.value for outcome in Outcome}
+"""Each outcome's text (what the history stores), without the enum's ``value`` lookup."""
+
+_KINDS: dict[type[Job], tuple[bool, DataModel | None]] = {}
+"""Per job class: whether it is a ``DistributedJob``, and its data model (``isinstance`` on an
+ABC, once per class rather than twice per execution)."""
+
+
+def _kind(job: Job) -> tuple[bool, DataModel | None]:
+    cls = type(job)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = (isinstance(job, DistributedJob), data_model_of(job))
+    return kind
 
 
 @dataclass(eq=False, slots=True)
@@ -89,23 +103,28 @@ class Execution:
     def context(
         self, shutting_down: Callable[[], bool], transactions: TransactionOpener | None = None
     ) -> ExecutionContext:
-        """The context handed to ``execute``."""
+        """The context handed to ``execute`` (its fields in order: one is built per
+        execution, and positional arguments cost half of keywords)."""
         row = self.row
         return ExecutionContext(
-            task_name=row.task_name,
-            task_instance=row.task_instance,
-            execution_time=self.execution_time,
-            picked_by=row.picked_by or "",
-            version=row.version,
-            task_data=row.task_data,
-            heartbeat_state=self.heartbeat,
-            consecutive_failures=row.consecutive_failures or 0,
-            shutting_down=shutting_down,
-            timed_out=lambda: self.timed_out,
-            transactions=transactions,
-            is_backfill=self.backfill,
-            data_model=data_model_of(self.job),
+            row.task_name,
+            row.task_instance,
+            self.slot if self.slot is not None else row.execution_time,
+            row.picked_by or "",
+            row.version,
+            row.task_data,
+            self.heartbeat,
+            row.consecutive_failures or 0,
+            shutting_down,
+            self._timed_out,
+            transactions,
+            self.backfill,
+            _kind(self.job)[1],
         )
+
+    def _timed_out(self) -> bool:
+        """Answers ``ctx.is_timed_out``."""
+        return self.timed_out
 
     def unfit_data(self, ctx: ExecutionContext) -> TaskDataInvalid | None:
         """A typed job's data is checked before ``execute`` is called: the error that parks
@@ -122,17 +141,23 @@ class Execution:
         """This execution's history record; ``recorded``: whether its result was written."""
         error = self.error
         row = self.row
-        return ExecutionRecord(
-            task_name=row.task_name,
-            task_instance=row.task_instance,
-            execution_time=self.execution_time,
-            picked_by=row.picked_by,
-            started_at=self.started,
-            finished_at=self.finished_at or self.started,
-            outcome=outcome_of(finish, recorded, error).value,
-            error_class=None if error is None else storable(type(error).__qualname__, 200),
-            error_message=self._message(finish, error),
-            version=row.version,
+        if error is None and finish.kind is not FinishKind.SKIPPED:  # the common case, quicker
+            error_class = error_message = None
+        else:
+            error_class = None if error is None else storable(type(error).__qualname__, 200)
+            error_message = self._message(finish, error)
+        return ExecutionRecord(  # positional: the fields' order (a named tuple)
+            row.task_name,
+            row.task_instance,
+            self.slot if self.slot is not None else row.execution_time,
+            row.picked_by,
+            self.started,
+            self.finished_at or self.started,
+            _VALUES[outcome_of(finish, recorded, error)],
+            error_class,
+            error_message,
+            None,
+            row.version,
         )
 
     def _message(self, finish: Finish, error: BaseException | None) -> str | None:
@@ -172,7 +197,7 @@ class Execution:
         if cancelled:
             return Finish(owned, FinishKind.RELEASED)
         try:
-            if isinstance(self.job, DistributedJob) and not self.backfill:
+            if _kind(self.job)[0] and not self.backfill:
                 kind = FinishKind.SUCCEEDED if error is None else FinishKind.FAILED
                 return Finish(owned, kind, self._next_slot(now))
             if error is None:

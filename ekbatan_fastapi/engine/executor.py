@@ -19,7 +19,7 @@ from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.errors import ExecutionSuperseded, JobTimedOut
 from ..domain.job import RECURRING_INSTANCE, Job
 from ..domain.limits import JobLimits
-from ..domain.logs import bind_log_context, library_logger
+from ..domain.logs import bind_execution_log, library_logger
 from ..domain.rows import Finish, FinishKind, TaskRow
 from ..domain.schedules import Schedule
 from .config import SchedulerConfig
@@ -89,6 +89,8 @@ class Executor:
         """Awaited before a recurring row's next time is computed (the newest schedule)."""
         self._timer = TimeoutRunner(name, config.grace)
         self._threads: ThreadPoolExecutor | None = None
+        self._heartbeats = (config.heartbeat_interval, config.dead_after, config.clock.monotonic)
+        """An execution's ``HeartbeatState`` arguments (the configuration is fixed by now)."""
         self._stopping = lambda: state.stopping
         """Answers ``ctx.is_shutting_down`` (one function for every execution)."""
 
@@ -98,14 +100,10 @@ class Executor:
         if job is None:  # cannot happen: the poll asks only for our names
             log.error("claimed a row of unknown task %s", row.task_name, extra=self._extra(row))
             return
-        clock = self.config.clock
-        heartbeat = HeartbeatState(
-            heartbeat_interval=self.config.heartbeat_interval,
-            dead_after=self.config.dead_after,
-            monotonic=clock.monotonic,
-        )
+        interval, dead_after, monotonic = self._heartbeats
+        heartbeat = HeartbeatState(interval, dead_after, monotonic, monotonic())
         execution = Execution(
-            row, job, heartbeat, self.link.now(), schedule=self.schedules.get(row.task_name)
+            row, job, heartbeat, self.link.now(), self.schedules.get(row.task_name)
         )
         self.running.started(execution)
         if not self._prepare(execution):
@@ -150,9 +148,7 @@ class Executor:
 
     async def _run(self, execution: Execution) -> None:
         row = execution.row  # every record logged while it runs names it (its own task)
-        bind_log_context(
-            task_name=row.task_name, task_instance=row.task_instance, scheduler=self.name
-        )
+        bind_execution_log(row.task_name, row.task_instance, self.name)
         monotonic = self.config.clock.monotonic
         began = monotonic()
         try:

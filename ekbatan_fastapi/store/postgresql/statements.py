@@ -330,16 +330,23 @@ RETURNING {RETURNING}
 assert [k.value for k in FinishKind] == [0, 1, 2, 3, 4]
 
 
-def finish(t: str, h: str | None = None, *, retry: bool = False) -> str:
+def finish(t: str, h: str | None = None, *, retry: bool = False, same_keys: bool = False) -> str:
     """Record a batch of results, each write guarded by the owned version; with ``h``, also
     write the execution history in the same statement: one record per execution, its outcome
     ``superseded`` where the version-guarded write matched nothing (the row was revived
     elsewhere). ``retry``: an earlier attempt may have committed (its answer was lost): its
-    records are in the table already, and the retry's writes match nothing. Not again."""
-    history = "" if h is None else _finish_history(h, retry=retry)
+    records are in the table already, and the retry's writes match nothing. Not again.
+    ``same_keys``: the history's records are the results' rows in the same order (a batch
+    without a row twice), so its keys and versions are the results' arrays, not sent again.
+
+    A column with one value in every row may go as NULL (``unnest`` pads it): ``:kinds``
+    when every result deletes its row (3: one-time successes), ``:h_outcomes`` when every
+    execution succeeded; asyncpg then encodes and type-checks no element of it."""
+    history = "" if h is None else _finish_history(h, retry=retry, same_keys=same_keys)
     return f"""
 WITH d AS (
-    SELECT * FROM unnest(
+    SELECT task_name, task_instance, version, next_time, COALESCE(kind, 3) AS kind
+    FROM unnest(
         CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[]),
         CAST(:next_times AS timestamptz[]), CAST(:kinds AS smallint[])
     ) AS d(task_name, task_instance, version, next_time, kind)
@@ -372,7 +379,7 @@ SELECT task_name, task_instance FROM done
 """
 
 
-def _finish_history(h: str, *, retry: bool) -> str:
+def _finish_history(h: str, *, retry: bool, same_keys: bool) -> str:
     unwritten = (
         f"""
     WHERE NOT EXISTS (
@@ -384,14 +391,21 @@ def _finish_history(h: str, *, retry: bool) -> str:
         if retry
         else ""
     )
+    keys = (
+        "CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[])"
+        if same_keys
+        else "CAST(:h_names AS text[]), CAST(:h_instances AS text[]), CAST(:h_versions AS bigint[])"
+    )
     return f""", history AS (
     INSERT INTO {h} (task_name, task_instance, execution_time, picked_by, started_at,
                      finished_at, outcome, error_class, error_message)
     SELECT e.task_name, e.task_instance, e.execution_time, :picked_by, e.started_at,
-           e.finished_at, CASE WHEN done.task_name IS NULL THEN 'superseded' ELSE e.outcome END,
+           e.finished_at,
+           CASE WHEN done.task_name IS NULL THEN 'superseded'
+                ELSE COALESCE(e.outcome, 'succeeded') END,
            e.error_class, e.error_message
     FROM unnest(
-        CAST(:h_names AS text[]), CAST(:h_instances AS text[]), CAST(:h_versions AS bigint[]),
+        {keys},
         CAST(:h_times AS timestamptz[]), CAST(:h_started AS timestamptz[]),
         CAST(:h_finished AS timestamptz[]), CAST(:h_outcomes AS text[]),
         CAST(:h_classes AS text[]), CAST(:h_messages AS text[])

@@ -15,9 +15,10 @@ from typing import Any
 
 from sqlalchemy import text
 
-from ...domain.records import ExecutionRecord
+from ...domain.records import ExecutionRecord, Outcome
 from ...domain.rows import (
     Finish,
+    FinishKind,
     NewTask,
     Owned,
     PollingStrategy,
@@ -56,6 +57,12 @@ def _task_row(r: Any) -> TaskRow:
     return TaskRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
 
 
+DELETED = int(FinishKind.DELETED)
+"""A result that deletes its row (the ``:kinds`` value a NULL array stands for)."""
+SUCCEEDED = Outcome.SUCCEEDED.value
+"""The outcome a NULL ``:h_outcomes`` stands for."""
+
+
 def _column(values: list[Any]) -> list[Any] | None:
     """A statement's array of one column, or NULL where every value is NULL: ``unnest`` of
     several arrays pads a shorter (or NULL) one with NULLs, and asyncpg does not have to
@@ -64,27 +71,34 @@ def _column(values: list[Any]) -> list[Any] | None:
 
 
 def _owned_params(owned: Sequence[Owned]) -> dict[str, Any]:
-    return {
-        "names": [o.task_name for o in owned],
-        "instances": [o.task_instance for o in owned],
-        "versions": [o.version for o in owned],
-    }
+    """The keys and versions as three arrays (``Owned`` is a named tuple: one transposition)."""
+    if not owned:
+        return {"names": [], "instances": [], "versions": []}
+    names, instances, versions = zip(*owned, strict=True)
+    return {"names": list(names), "instances": list(instances), "versions": list(versions)}
 
 
-def _history_params(history: Sequence[ExecutionRecord]) -> dict[str, Any]:
-    """``statements.HISTORY_PARAMS``' arrays."""
-    columns = (
-        [r.task_name for r in history],
-        [r.task_instance for r in history],
-        [r.version for r in history],
-        [r.execution_time for r in history],
-        [r.started_at for r in history],
-        [r.finished_at for r in history],
-        [r.outcome for r in history],
-        _column([r.error_class for r in history]),
-        _column([r.error_message for r in history]),
+def _history_params(history: Sequence[ExecutionRecord], finish: dict[str, Any]) -> bool:
+    """Add ``statements.HISTORY_PARAMS``' arrays to ``finish``, the results' parameters: the
+    records' columns in one transposition (an ``ExecutionRecord`` is a named tuple). True when
+    the records are the results' rows in order (``finish(same_keys=True)``): their keys and
+    versions are not sent again."""
+    (names, instances, times, _, started, finished, outcomes, classes, messages, _, versions) = zip(
+        *history, strict=True
     )
-    return dict(zip(q.HISTORY_PARAMS, columns, strict=True))
+    same: bool = (
+        list(names) == finish["names"]
+        and list(instances) == finish["instances"]
+        and list(versions) == finish["versions"]
+    )
+    if not same:
+        finish["h_names"], finish["h_instances"] = list(names), list(instances)
+        finish["h_versions"] = list(versions)
+    finish["h_times"], finish["h_started"] = list(times), list(started)
+    finish["h_finished"] = list(finished)
+    finish["h_outcomes"] = None if outcomes.count(SUCCEEDED) == len(outcomes) else list(outcomes)
+    finish["h_classes"], finish["h_messages"] = _column(list(classes)), _column(list(messages))
+    return same
 
 
 class PostgresTaskStore(TaskStore):
@@ -106,7 +120,9 @@ class PostgresTaskStore(TaskStore):
         self._claim = q.Statement("claim", q.claim(t))
         self._finish_sql = q.Statement("finish", q.finish(t))
         self._finish_history = {
-            retry: q.Statement("finish", q.finish(t, h, retry=retry)) for retry in (False, True)
+            (retry, same): q.Statement("finish", q.finish(t, h, retry=retry, same_keys=same))
+            for retry in (False, True)
+            for same in (False, True)
         }
         self._heartbeat = q.Statement("heartbeat", q.heartbeat(t))
         self._revive_sql = text(q.revive_dead(t))
@@ -141,7 +157,7 @@ class PostgresTaskStore(TaskStore):
             "fetch_candidates": fetch_candidates.template,
             "claim": self._claim.template,
             "finish": self._finish_sql.template,
-            "finish_history": self._finish_history[False].template,
+            "finish_history": self._finish_history[False, True].template,
         }
 
     async def _fetch(
@@ -297,14 +313,15 @@ class PostgresTaskStore(TaskStore):
             return set()
         params = _owned_params([i.owned for i in items])
         params["next_times"] = _column([i.next_time for i in items])
-        params["kinds"] = [int(i.kind) for i in items]
+        kinds = [int(i.kind) for i in items]
+        params["kinds"] = None if kinds.count(DELETED) == len(kinds) else kinds
         if not history:
             rows = await self._fetch(self._finish_sql, params, lease)
             return {(r[0], r[1]) for r in rows}
-        params.update(_history_params(history))
+        same_keys = _history_params(history, params)
         params["picked_by"] = picked_by
         try:
-            rows = await self._fetch(self._finish_history[retry], params, lease)
+            rows = await self._fetch(self._finish_history[retry, same_keys], params, lease)
         except HistoryTableMissing:
             raise
         except Exception as error:
