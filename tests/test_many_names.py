@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from croniter import croniter
-from sqlalchemy import event, func, insert, select, text
+from sqlalchemy import event, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import Schedules, scheduled_tasks
@@ -95,6 +95,7 @@ async def test_a_registry_with_40000_recurring_jobs_starts_and_runs_what_is_due(
     assert await repo.delete_unresolved(NAMES, timedelta(days=14)) == 0
 
 
+HOUR = timedelta(hours=1)
 ODD = ['say "hi"', "back\\slash", "a,b", "{braces}", " spaced ", "NULL", "ünï-cødé ✓", "'"]
 MANY = [*ODD, *(f"filler-{i}" for i in range(q.MANY_NAMES))]
 
@@ -116,6 +117,41 @@ async def test_polls_with_many_names_claim_the_rows_of_names_of_any_characters(
         result = await repo.poll(MANY, 50, "me", strategy)
         assert sorted(r.task_name for r in result.claimed) == sorted(ODD)
         await repo.release_orphans("me", set(), timedelta(0))
+
+
+async def test_the_dead_execution_check_with_many_names_of_any_characters(
+    any_database: Database, any_engine: AsyncEngine
+) -> None:
+    """The dead-execution check sends the names as the polls do (PostgreSQL: one array
+    literal): the dead rows of names with quotes, backslashes, commas, braces or the word NULL
+    are revived, a live one of them is not, and a row of a name not asked for stays dead."""
+    repo = open_store(any_engine, any_database.dialect).tasks
+    now = await db_now(any_engine)
+    due = now - timedelta(seconds=1)
+    await repo.insert_missing(
+        [NewTask(name, "i", due) for name in ODD] + [NewTask("not-polled", "i", due)]
+    )
+    strategy = (
+        PollingStrategy.LOCK_AND_FETCH if repo.supports_skip_locked else PollingStrategy.FETCH
+    )
+    claimed = (await repo.poll([*MANY, "not-polled"], 50, "me", strategy)).claimed
+    assert len(claimed) == len(ODD) + 1
+    live = ODD[0]
+    tasks = scheduled_tasks
+    async with any_engine.begin() as conn:  # every heartbeat an hour old but one
+        await conn.execute(
+            update(tasks).where(tasks.c.task_name != live).values(last_heartbeat=now - HOUR)
+        )
+    revival = await repo.revive_dead(MANY, timedelta(minutes=1))
+    assert sorted(r.task_name for r in revival.revived) == sorted(n for n in ODD if n != live)
+    assert revival.next_death is not None  # the live one's
+    async with any_engine.connect() as conn:
+        picked = (
+            (await conn.execute(select(tasks.c.task_name).where(tasks.c.picked.is_(True))))
+            .scalars()
+            .all()
+        )
+    assert sorted(picked) == sorted([live, "not-polled"])
 
 
 async def test_postgres_many_names_literal_and_plan(

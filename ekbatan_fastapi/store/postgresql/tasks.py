@@ -129,8 +129,9 @@ class PostgresTaskStore(TaskStore):
         self._insert_missing = text(q.insert_missing(t))
         self._upsert = {replace: text(q.upsert(t, replace=replace)) for replace in (False, True)}
         self._notify = text(q.notify())
-        self._literal: tuple[tuple[str, ...], str] = ((), "{}")
-        """The last names polled for, and their ``names_literal`` (made once, not per poll)."""
+        self._literals: dict[str, tuple[tuple[str, ...], str]] = {}
+        """Per statement (``poll``, ``revive``): the last names it was sent, and their
+        ``names_literal`` (made once, not per statement)."""
         self.channel = f"ekbatan_{tables.table_name.replace('.', '_')}"[:63]
         """The LISTEN/NOTIFY channel of this table."""
 
@@ -294,11 +295,12 @@ class PostgresTaskStore(TaskStore):
         claimed = [_task_row(r) for r in claimed_rows]
         return PollResult(claimed, db_now, next_due, more_due=len(candidates) >= limit)
 
-    def _names_literal(self, names: Sequence[str]) -> str:
+    def _names_literal(self, names: Sequence[str], statement: str = "poll") -> str:
         key = tuple(names)
-        if key != self._literal[0]:
-            self._literal = (key, q.names_literal(key))
-        return self._literal[1]
+        known = self._literals.get(statement)
+        if known is None or key != known[0]:
+            known = self._literals[statement] = (key, q.names_literal(key))
+        return known[1]
 
     async def _finish(
         self,
@@ -339,8 +341,7 @@ class PostgresTaskStore(TaskStore):
         return {(r[0], r[1]) for r in rows}
 
     async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
-        rows = await self.db.rows(
-            self._revive_sql, {"names": list(names), "dead_after": dead_after}
-        )
+        literal = self._names_literal(names, "revive")  # 100,000 names: no per-name encoding
+        rows = await self.db.rows(self._revive_sql, {"names": literal, "dead_after": dead_after})
         revived = [self.to_row(r) for r in rows if r[0] is not None]
         return Revival(revived, rows[0]._mapping["next_death"])
