@@ -1,0 +1,124 @@
+"""The dead-execution check's cost with many job names (issue 17, "Names").
+
+In a database of its own, times the task store's ``revive_dead(names, dead_after)``: the
+statement the housekeeper sends once per heartbeat interval and at the moment the next picked
+row would die. For each number of picked rows (all alive: nothing to revive, the common case),
+``--repeat`` checks after two warm-ups; per check the client's CPU (``time.process_time``:
+building and encoding the parameters, decoding the answer) and the wall time (the round
+trip, which is mostly the server's work). Medians.
+
+    .venv/bin/python bench/revive_names.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
+    .venv/bin/python bench/revive_names.py --url ... --names 100000 --picked 0 1000
+
+Run it from another checkout (``PYTHONPATH=<checkout>``) to compare versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sqlalchemy import text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+from sqlalchemy.ext.asyncio import create_async_engine  # noqa: E402
+from sqlalchemy.pool import NullPool  # noqa: E402
+
+from ekbatan_fastapi.store.dialects import open_store  # noqa: E402
+from ekbatan_fastapi.store.tables import create_schema  # noqa: E402
+
+
+def _on_database(url: str, name: str) -> str:
+    """``url`` on database ``name`` (a socket directory in the query stays where it is)."""
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+async def measure(
+    url: str, names: int, picked: tuple[int, ...], repeat: int
+) -> list[dict[str, Any]]:
+    """One row per number of picked rows: client CPU and wall ms per check (medians)."""
+    database = f"bench_revive_{uuid.uuid4().hex[:8]}"
+    admin = create_async_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    async with admin.connect() as conn:
+        await conn.execute(text(f"CREATE DATABASE {database}"))
+    engine = create_async_engine(_on_database(url, database), poolclass=NullPool)
+    job_names = [f"job-{i}" for i in range(names)]
+    results: list[dict[str, Any]] = []
+    try:
+        await create_schema(engine)
+        store = open_store(engine, engine.dialect.name).tasks
+        for count in picked:
+            async with engine.begin() as conn:
+                await conn.execute(text("DELETE FROM scheduled_tasks"))
+                if count:  # picked rows, alive for an hour: nothing to revive
+                    await conn.execute(
+                        text(
+                            "INSERT INTO scheduled_tasks (task_name, task_instance, "
+                            "execution_time, picked, picked_by, last_heartbeat, version) "
+                            "SELECT 'job-' || i, 'r', now(), true, 'x', "
+                            "now() + interval '1 hour', 1 FROM generate_series(1, :n) AS i"
+                        ),
+                        {"n": count},
+                    )
+                await conn.execute(text("ANALYZE scheduled_tasks"))
+            cpu: list[float] = []
+            wall: list[float] = []
+            for i in range(repeat + 2):
+                began_cpu, began = time.process_time(), time.perf_counter()
+                revival = await store.revive_dead(job_names, timedelta(seconds=40))
+                if i >= 2:
+                    cpu.append((time.process_time() - began_cpu) * 1000)
+                    wall.append((time.perf_counter() - began) * 1000)
+                assert not revival.revived
+            row = {
+                "names": names,
+                "picked": count,
+                "cpu_ms": statistics.median(cpu),
+                "wall_ms": statistics.median(wall),
+            }
+            results.append(row)
+            print(row, flush=True)
+    finally:
+        await engine.dispose()
+        async with admin.connect() as conn:
+            await conn.execute(text(f"DROP DATABASE IF EXISTS {database}"))
+        await admin.dispose()
+    return results
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| names | picked rows | client CPU ms per check | wall ms per check |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['names']:,} | {r['picked']:,} | {r['cpu_ms']:.2f} | {r['wall_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="postgresql+asyncpg://... (to start from)")
+    parser.add_argument("--names", type=int, default=100_000)
+    parser.add_argument("--picked", type=int, nargs="+", default=[0, 1000])
+    parser.add_argument("--repeat", type=int, default=10)
+    args = parser.parse_args(argv)
+    results = asyncio.run(measure(args.url, args.names, tuple(args.picked), args.repeat))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,13 @@
+"""Keeps bench/revive_names.py working: a tiny run against the suite's PostgreSQL (no timing is
+asserted; benchmarks never gate the suite)."""
+
+from __future__ import annotations
+
+from bench import revive_names
+
+
+async def test_revive_names_harness_times_the_check(postgres_server_url: str) -> None:
+    results = await revive_names.measure(postgres_server_url, 600, (0, 5), repeat=1)
+    assert [(r["names"], r["picked"]) for r in results] == [(600, 0), (600, 5)]
+    assert all(r["cpu_ms"] >= 0 and r["wall_ms"] > 0 for r in results)
+    assert "| 600 | 5 |" in revive_names.table(results)
