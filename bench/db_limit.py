@@ -96,31 +96,18 @@ SELECT COALESCE(array_agg(task_name) FILTER (WHERE task_name IS NOT NULL), '{{}}
            AS instances,
        COALESCE(array_agg(version{bump}) FILTER (WHERE task_name IS NOT NULL), '{{}}')
            AS versions,
-       COALESCE(array_agg(CAST(NULL AS timestamptz)) FILTER (WHERE task_name IS NOT NULL),
-           '{{}}') AS next_times,
-       COALESCE(array_agg(CAST(3 AS smallint)) FILTER (WHERE task_name IS NOT NULL), '{{}}')
-           AS kinds,
        {history}count(task_name) AS claimed
 FROM {source}"""
+"""The claimed rows carried to the completion as the arrays it reads; the completion's other
+arrays are NULL for no-op successes (see ``build_scripts``), so they are not built here."""
 
 # With the history: the completion's history arrays, as the scheduler sends them for no-op
-# executions that succeeded (started and finished now, no error).
-_HISTORY_ARRAYS = """COALESCE(array_agg(task_name) FILTER (WHERE task_name IS NOT NULL), '{{}}')
-           AS h_names,
-       COALESCE(array_agg(task_instance) FILTER (WHERE task_name IS NOT NULL), '{{}}')
-           AS h_instances,
-       COALESCE(array_agg(version{bump}) FILTER (WHERE task_name IS NOT NULL), '{{}}')
-           AS h_versions,
-       COALESCE(array_agg(execution_time) FILTER (WHERE task_name IS NOT NULL), '{{}}')
-           AS h_times,
+# executions that succeeded (started and finished now, no error). Its keys and versions are
+# the results' (``finish(same_keys=True)``); its outcomes, error classes and messages go as NULL.
+_HISTORY_ARRAYS = """COALESCE(array_agg(execution_time) FILTER (WHERE task_name IS NOT NULL),
+           '{{}}') AS h_times,
        COALESCE(array_agg(now()) FILTER (WHERE task_name IS NOT NULL), '{{}}') AS h_started,
        COALESCE(array_agg(now()) FILTER (WHERE task_name IS NOT NULL), '{{}}') AS h_finished,
-       COALESCE(array_agg(CAST('succeeded' AS text)) FILTER (WHERE task_name IS NOT NULL),
-           '{{}}') AS h_outcomes,
-       COALESCE(array_agg(CAST(NULL AS text)) FILTER (WHERE task_name IS NOT NULL), '{{}}')
-           AS h_classes,
-       COALESCE(array_agg(CAST(NULL AS text)) FILTER (WHERE task_name IS NOT NULL), '{{}}')
-           AS h_messages,
        """
 
 

@@ -59,7 +59,7 @@ async def measure(
         store = open_store(engine, engine.dialect.name).tasks
         for count in picked:
             async with engine.begin() as conn:
-                await conn.execute(text("DELETE FROM scheduled_tasks"))
+                await conn.execute(text("TRUNCATE scheduled_tasks"))  # no dead rows left
                 if count:  # picked rows, alive for an hour: nothing to revive
                     await conn.execute(
                         text(

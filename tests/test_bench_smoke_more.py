@@ -44,7 +44,11 @@ async def test_db_limit_drains_the_table(server: common.ServerInfo) -> None:
         assert run.error is None, run
         assert run.rows_deleted > 0
     lock_and_fetch = [r for r in runs if r.strategy == "lock-and-fetch"]
-    assert all(r.left == 0 and r.rows_deleted == 200 for r in lock_and_fetch)
+    assert all(r.rows_deleted + r.left == 200 for r in lock_and_fetch)
+    # One client drains the table exactly; two may leave a few rows when one's claim window
+    # met the other's locked rows (SKIP LOCKED), as the scheduler's polls would.
+    (alone,) = [r for r in lock_and_fetch if r.clients == 1]
+    assert alone.left == 0 and alone.rows_deleted == 200
     assert all(s.ok_runs == 1 for s in db_limit.summarize(runs))
 
 
