@@ -36,34 +36,20 @@ __all__ = [
     "window",
 ]
 
+# fmt: off
 COLUMNS = (
-    "task_name",
-    "task_instance",
-    "task_data",
-    "execution_time",
-    "picked",
-    "picked_by",
-    "last_success",
-    "last_failure",
-    "consecutive_failures",
-    "last_heartbeat",
-    "version",
+    "task_name", "task_instance", "task_data", "execution_time", "picked", "picked_by",
+    "last_success", "last_failure", "consecutive_failures", "last_heartbeat", "version",
     "priority",
 )
 RETURNING = ", ".join(f"t.{c}" for c in COLUMNS)
 """Claimed rows come back in this column order (decoded by position)."""
 
 HISTORY_PARAMS = (
-    "h_names",
-    "h_instances",
-    "h_versions",
-    "h_times",
-    "h_started",
-    "h_finished",
-    "h_outcomes",
-    "h_classes",
-    "h_messages",
+    "h_names", "h_instances", "h_versions", "h_times", "h_started", "h_finished", "h_outcomes",
+    "h_classes", "h_messages",
 )
+# fmt: on
 """The history arrays of ``finish(history=True)``."""
 
 _PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
@@ -336,12 +322,10 @@ def finish(t: str, h: str | None = None, *, retry: bool = False, same_keys: bool
     ``superseded`` where the version-guarded write matched nothing (the row was revived
     elsewhere). ``retry``: an earlier attempt may have committed (its answer was lost): its
     records are in the table already, and the retry's writes match nothing. Not again.
-    ``same_keys``: the history's records are the results' rows in the same order (a batch
-    without a row twice), so its keys and versions are the results' arrays, not sent again.
-
-    A column with one value in every row may go as NULL (``unnest`` pads it): ``:kinds``
-    when every result deletes its row (3: one-time successes), ``:h_outcomes`` when every
-    execution succeeded; asyncpg then encodes and type-checks no element of it."""
+    ``same_keys``: the records are the results' rows in order, so the history's keys and
+    versions are the results' arrays. NULL (``unnest`` pads it) may stand for one value in
+    every row, which asyncpg then need not encode element by element: ``:kinds`` for 3
+    (delete: one-time successes), ``:h_outcomes`` for ``succeeded``."""
     history = "" if h is None else _finish_history(h, retry=retry, same_keys=same_keys)
     return f"""
 WITH d AS (
