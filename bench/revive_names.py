@@ -20,7 +20,6 @@ import asyncio
 import statistics
 import sys
 import time
-import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,70 +29,69 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import text  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.ext.asyncio import create_async_engine  # noqa: E402
 from sqlalchemy.pool import NullPool  # noqa: E402
 
 from ekbatan_fastapi.store.dialects import open_store  # noqa: E402
-from ekbatan_fastapi.store.tables import create_schema  # noqa: E402
 
-
-def _on_database(url: str, name: str) -> str:
-    """``url`` on database ``name`` (a socket directory in the query stays where it is)."""
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
+try:
+    from bench import common
+except ImportError:  # run as a script: bench/ is on sys.path
+    import common  # type: ignore[no-redef]
 
 
 async def measure(
     url: str, names: int, picked: tuple[int, ...], repeat: int
 ) -> list[dict[str, Any]]:
     """One row per number of picked rows: client CPU and wall ms per check (medians)."""
-    database = f"bench_revive_{uuid.uuid4().hex[:8]}"
-    admin = create_async_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.execute(text(f"CREATE DATABASE {database}"))
-    engine = create_async_engine(_on_database(url, database), poolclass=NullPool)
     job_names = [f"job-{i}" for i in range(names)]
     results: list[dict[str, Any]] = []
-    try:
-        await create_schema(engine)
-        store = open_store(engine, engine.dialect.name).tasks
-        for count in picked:
-            async with engine.begin() as conn:
-                await conn.execute(text("TRUNCATE scheduled_tasks"))  # no dead rows left
-                if count:  # picked rows, alive for an hour: nothing to revive
-                    await conn.execute(
-                        text(
-                            "INSERT INTO scheduled_tasks (task_name, task_instance, "
-                            "execution_time, picked, picked_by, last_heartbeat, version) "
-                            "SELECT 'job-' || i, 'r', now(), true, 'x', "
-                            "now() + interval '1 hour', 1 FROM generate_series(1, :n) AS i"
-                        ),
-                        {"n": count},
-                    )
-                await conn.execute(text("ANALYZE scheduled_tasks"))
-            cpu: list[float] = []
-            wall: list[float] = []
-            for i in range(repeat + 2):
-                began_cpu, began = time.process_time(), time.perf_counter()
-                revival = await store.revive_dead(job_names, timedelta(seconds=40))
-                if i >= 2:
-                    cpu.append((time.process_time() - began_cpu) * 1000)
-                    wall.append((time.perf_counter() - began) * 1000)
-                assert not revival.revived
-            row = {
-                "names": names,
-                "picked": count,
-                "cpu_ms": statistics.median(cpu),
-                "wall_ms": statistics.median(wall),
-            }
-            results.append(row)
-            print(row, flush=True)
-    finally:
-        await engine.dispose()
-        async with admin.connect() as conn:
-            await conn.execute(text(f"DROP DATABASE IF EXISTS {database}"))
-        await admin.dispose()
+    async with common.fresh_schema(url, "bench_revive") as db_url:
+        engine = create_async_engine(db_url, poolclass=NullPool)
+        try:
+            store = open_store(engine, engine.dialect.name).tasks
+            for count in picked:
+                await _fill(engine, count)
+                results.append(await _timed(store, job_names, count, repeat))
+                print(results[-1], flush=True)
+        finally:
+            await engine.dispose()
     return results
+
+
+async def _fill(engine: Any, count: int) -> None:
+    """``count`` picked rows, alive for an hour: nothing to revive."""
+    async with engine.begin() as conn:
+        await conn.execute(text("TRUNCATE scheduled_tasks"))  # no dead rows left behind
+        if count:
+            await conn.execute(
+                text(
+                    "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, "
+                    "picked, picked_by, last_heartbeat, version) "
+                    "SELECT 'job-' || i, 'r', now(), true, 'x', now() + interval '1 hour', 1 "
+                    "FROM generate_series(1, :n) AS i"
+                ),
+                {"n": count},
+            )
+        await conn.execute(text("ANALYZE scheduled_tasks"))
+
+
+async def _timed(store: Any, names: list[str], count: int, repeat: int) -> dict[str, Any]:
+    cpu: list[float] = []
+    wall: list[float] = []
+    for i in range(repeat + 2):  # two warm-ups
+        began_cpu, began = time.process_time(), time.perf_counter()
+        revival = await store.revive_dead(names, timedelta(seconds=40))
+        if i >= 2:
+            cpu.append((time.process_time() - began_cpu) * 1000)
+            wall.append((time.perf_counter() - began) * 1000)
+        assert not revival.revived
+    return {
+        "names": len(names),
+        "picked": count,
+        "cpu_ms": statistics.median(cpu),
+        "wall_ms": statistics.median(wall),
+    }
 
 
 def table(results: list[dict[str, Any]]) -> str:
