@@ -17,7 +17,6 @@ from typing import Any
 __all__ = [
     "LOG_FIELDS",
     "TaskLogFilter",
-    "bind_execution_log",
     "bind_log_context",
     "library_logger",
     "log_context",
@@ -38,15 +37,8 @@ def log_context() -> dict[str, Any]:
 def bind_log_context(**fields: Any) -> None:
     """Add fields to the current context. Call it first thing in a task of its own (an
     asyncio task runs in a copy of its creator's context, so nothing leaks out of it)."""
-    _context.set({**(_context.get() or {}), **fields})
-
-
-def bind_execution_log(task_name: str, task_instance: str, scheduler: str) -> None:
-    """``bind_log_context`` of an execution's three fields (once per execution: without the
-    keyword dictionaries)."""
     known = _context.get()
-    fields = {"task_name": task_name, "task_instance": task_instance, "scheduler": scheduler}
-    _context.set({**known, **fields} if known else fields)
+    _context.set({**known, **fields} if known else fields)  # ``fields`` is this call's own
 
 
 class TaskLogFilter(logging.Filter):

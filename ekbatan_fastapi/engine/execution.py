@@ -13,7 +13,7 @@ from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.failure import ExponentialBackoff, FailureHandler
 from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, data_model_of
 from ..domain.logs import library_logger
-from ..domain.records import ExecutionRecord, Outcome, outcome_of
+from ..domain.records import ExecutionRecord, outcome_of
 from ..domain.rows import PARKED_TIME, Finish, FinishKind, Owned, TaskRow
 from ..domain.text import storable
 
@@ -32,8 +32,6 @@ a backfill is watched while it runs, so it starts sooner)."""
 
 _MESSAGE_LIMIT = 2000
 """Characters of an error message kept in the history (the column's limit)."""
-_VALUES = {outcome: outcome.value for outcome in Outcome}
-"""Each outcome's text (what the history stores), without the enum's ``value`` lookup."""
 
 _KINDS: dict[type[Job], tuple[bool, DataModel | None]] = {}
 """Per job class: whether it is a ``DistributedJob``, and its data model (``isinstance`` on an
@@ -153,7 +151,7 @@ class Execution:
             row.picked_by,
             self.started,
             self.finished_at or self.started,
-            _VALUES[outcome_of(finish, recorded, error)],
+            outcome_of(finish, recorded, error).value,
             error_class,
             error_message,
             None,

@@ -19,7 +19,7 @@ from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
 from ..domain.errors import ExecutionSuperseded, JobTimedOut
 from ..domain.job import RECURRING_INSTANCE, Job
 from ..domain.limits import JobLimits
-from ..domain.logs import bind_execution_log, library_logger
+from ..domain.logs import bind_log_context, library_logger
 from ..domain.rows import Finish, FinishKind, TaskRow
 from ..domain.schedules import Schedule
 from .config import SchedulerConfig
@@ -148,7 +148,9 @@ class Executor:
 
     async def _run(self, execution: Execution) -> None:
         row = execution.row  # every record logged while it runs names it (its own task)
-        bind_execution_log(row.task_name, row.task_instance, self.name)
+        bind_log_context(
+            task_name=row.task_name, task_instance=row.task_instance, scheduler=self.name
+        )
         monotonic = self.config.clock.monotonic
         began = monotonic()
         try:

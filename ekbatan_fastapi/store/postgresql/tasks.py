@@ -63,11 +63,11 @@ SUCCEEDED = Outcome.SUCCEEDED.value
 """The outcome a NULL ``:h_outcomes`` stands for."""
 
 
-def _column(values: list[Any]) -> list[Any] | None:
-    """A statement's array of one column, or NULL where every value is NULL: ``unnest`` of
-    several arrays pads a shorter (or NULL) one with NULLs, and asyncpg does not have to
-    encode (and type-check) each element."""
-    return None if values.count(None) == len(values) else values
+def _column(values: list[Any], every: Any = None) -> list[Any] | None:
+    """A statement's array of one column, or NULL where every value is ``every``: ``unnest``
+    of several arrays pads a shorter (or NULL) one with NULLs (the statement reads a NULL as
+    ``every``), and asyncpg does not have to encode (and type-check) each element."""
+    return None if values.count(every) == len(values) else values
 
 
 def _owned_params(owned: Sequence[Owned]) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def _history_params(history: Sequence[ExecutionRecord], finish: dict[str, Any]) 
         finish["h_versions"] = list(versions)
     finish["h_times"], finish["h_started"] = list(times), list(started)
     finish["h_finished"] = list(finished)
-    finish["h_outcomes"] = None if outcomes.count(SUCCEEDED) == len(outcomes) else list(outcomes)
+    finish["h_outcomes"] = _column(list(outcomes), SUCCEEDED)
     finish["h_classes"], finish["h_messages"] = _column(list(classes)), _column(list(messages))
     return same
 
@@ -315,8 +315,7 @@ class PostgresTaskStore(TaskStore):
             return set()
         params = _owned_params([i.owned for i in items])
         params["next_times"] = _column([i.next_time for i in items])
-        kinds = [int(i.kind) for i in items]
-        params["kinds"] = None if kinds.count(DELETED) == len(kinds) else kinds
+        params["kinds"] = _column([int(i.kind) for i in items], DELETED)
         if not history:
             rows = await self._fetch(self._finish_sql, params, lease)
             return {(r[0], r[1]) for r in rows}
