@@ -9,6 +9,7 @@ past the row), then the scheduler starts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -439,9 +440,10 @@ async def test_one_version_two_schedules_keeps_the_stored_one_and_warns(
 async def test_a_re_read_of_the_definitions_does_not_read_an_unchanged_deploy_again(
     any_registries: RegistryFactory,
 ) -> None:
-    """Definitions written together (all of a deploy's, at startup) are read once: each later
-    re-read starts from when the previous one began (less the overlap), not from the newest
-    definition, which would read the whole deploy at every recurring completion."""
+    """Definitions written together (all of a deploy's, at startup) are not read back: the
+    instance's own are left out of its re-reads, and each later re-read starts from when the
+    previous one began (less the overlap), not from the newest definition, which would read
+    the whole deploy at every recurring completion."""
     yearly = Schedules.cron("0 0 1 1 *")
     registry = await any_registries.start(*(RecordingJob(f"deploy-{i}", yearly) for i in range(30)))
     definitions = registry.scheduler.definitions
@@ -459,7 +461,35 @@ async def test_a_re_read_of_the_definitions_does_not_read_an_unchanged_deploy_ag
     definitions._now = lambda: later  # the database's clock, 10 s on
     await definitions.refresh()
     await definitions.refresh()
-    assert read == [30, 0]
+    assert read == [0, 0]
+
+
+async def test_a_re_read_leaves_out_only_what_this_instance_wrote_at_startup(
+    any_registries: RegistryFactory,
+) -> None:
+    """What another instance wrote is read, whenever it was written; what an instance of the
+    same name (a misconfigured fleet) wrote after this one's startup is read too."""
+    yearly = Schedules.cron("0 0 1 1 *")
+    registry = await any_registries.start(*(RecordingJob(f"mine-{i}", yearly) for i in range(5)))
+    definitions = registry.scheduler.definitions
+    store = definitions.store
+    ours = definitions.ours()
+    peer = dataclasses.replace(ours["mine-1"], written_by="another-instance")
+    await store.write([peer])
+    same_name_later = dataclasses.replace(ours["mine-2"], written_by=definitions.name)
+    await asyncio.sleep(0.01)  # the database's clock moves past this instance's startup
+    await store.write([same_name_later])
+    read: list[list[str]] = []
+    original = store.definitions
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        found = await original(*args, **kwargs)
+        read.append(sorted(found))
+        return found
+
+    store.definitions = recorded  # type: ignore[method-assign]
+    await definitions.refresh()
+    assert read == [["mine-1", "mine-2"]]
 
 
 async def test_a_failing_look_for_a_newer_schedule_still_records_the_run(

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.sql import Executable
 
 from ..domain.backfill import BACKFILL_PREFIX
@@ -108,14 +108,23 @@ class JobsStore:
         return self.db.upsert_many(self.table, _COLUMNS)
 
     async def definitions(
-        self, names: Sequence[str] | None = None, *, since: datetime | None = None
+        self,
+        names: Sequence[str] | None = None,
+        *,
+        since: datetime | None = None,
+        not_written_by: tuple[str, datetime] | None = None,
     ) -> dict[str, JobDefinition]:
         """The stored definitions (of ``names``, or all; written at or after ``since``), by
-        task name. Read ``_BATCH`` rows per statement: the event loop gets a turn between."""
+        task name. Read ``_BATCH`` rows per statement: the event loop gets a turn between.
+        ``not_written_by`` = (an instance, the time of its last write): leave out what that
+        instance wrote until then (its own definitions, which it knows)."""
         j = self.table
         stmt = select(j)
         if since is not None:
             stmt = stmt.where(j.c.written_at >= since)
+        if not_written_by is not None:
+            writer, until = not_written_by
+            stmt = stmt.where(or_(j.c.written_by != writer, j.c.written_at > until))
         result: dict[str, JobDefinition] = {}
         if names is None:
             page = stmt.order_by(j.c.task_name).limit(_BATCH)
