@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from croniter import croniter
 from sqlalchemy import event, func, insert, select, text, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ekbatan_fastapi import Schedules, scheduled_tasks
 from ekbatan_fastapi.domain import wallclock
 from ekbatan_fastapi.domain.errors import ScheduleError
-from ekbatan_fastapi.domain.rows import NewTask, PollingStrategy
+from ekbatan_fastapi.domain.rows import Finish, FinishKind, NewTask, Owned, PollingStrategy
 from ekbatan_fastapi.domain.wallclock import Cron
 from ekbatan_fastapi.engine import definitions as definitions_module
 from ekbatan_fastapi.engine.pace import PACE, paced
@@ -96,7 +96,18 @@ async def test_a_registry_with_40000_recurring_jobs_starts_and_runs_what_is_due(
 
 
 HOUR = timedelta(hours=1)
-ODD = ['say "hi"', "back\\slash", "a,b", "{braces}", " spaced ", "NULL", "ünï-cødé ✓", "'"]
+ODD = [
+    'say "hi"',
+    "back\\slash",
+    "a,b",
+    "{braces}",
+    " spaced ",
+    "NULL",
+    "ünï-cødé ✓",
+    "'",
+    "100% done",
+    "not (:names)",
+]
 MANY = [*ODD, *(f"filler-{i}" for i in range(q.MANY_NAMES))]
 
 
@@ -152,6 +163,42 @@ async def test_the_dead_execution_check_with_many_names_of_any_characters(
             .all()
         )
     assert sorted(picked) == sorted([live, "not-polled"])
+
+
+async def test_mysql_names_written_into_the_text_in_either_escaping_mode(
+    any_database: Database, any_engine: AsyncEngine
+) -> None:
+    """MySQL/MariaDB's poll and dead-execution check write the names into the statement's
+    text once (the driver's escaping, kept per escaping mode): with ``NO_BACKSLASH_ESCAPES``
+    a backslash or a quote in a name is written as that mode reads it."""
+    if any_database.dialect != "mysql":
+        pytest.skip("MySQL/MariaDB's statements")
+    mode = "SET SESSION sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')"
+    engine = create_async_engine(any_database.url, connect_args={"init_command": mode})
+    try:
+        async with engine.connect() as conn:
+            assert "NO_BACKSLASH_ESCAPES" in (await conn.scalar(text("SELECT @@sql_mode")))
+        repo = open_store(engine, any_database.dialect).tasks
+        now = await db_now(engine)
+        await repo.insert_missing([NewTask(name, "i", now - timedelta(seconds=1)) for name in ODD])
+        claimed = (await repo.poll(MANY, 50, "me", PollingStrategy.LOCK_AND_FETCH)).claimed
+        assert sorted(r.task_name for r in claimed) == sorted(ODD)
+        owned = [Owned(r.task_name, r.task_instance, r.version) for r in claimed]
+        assert await repo.heartbeat(owned) == {o.key for o in owned}
+        async with engine.begin() as conn:
+            await conn.execute(update(scheduled_tasks).values(last_heartbeat=now - HOUR))
+        revival = await repo.revive_dead(MANY, timedelta(minutes=1))
+        assert sorted(r.task_name for r in revival.revived) == sorted(ODD)
+        claimed = (await repo.poll(MANY, 50, "me", PollingStrategy.LOCK_AND_FETCH)).claimed
+        done = [
+            Finish(Owned(r.task_name, r.task_instance, r.version), FinishKind.DELETED)
+            for r in claimed
+        ]
+        assert await repo.finish(done, picked_by="me") == {d.owned.key for d in done}
+        async with engine.connect() as conn:
+            assert await conn.scalar(select(func.count()).select_from(scheduled_tasks)) == 0
+    finally:
+        await engine.dispose()
 
 
 async def test_postgres_many_names_literal_and_plan(

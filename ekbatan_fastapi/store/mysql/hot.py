@@ -31,6 +31,7 @@ from . import statements as q
 from .database import ER_LOCK_DEADLOCK, MySQLDatabase, errno
 
 __all__ = [
+    "Inlined",
     "RowsLost",
     "beat",
     "driver_sql",
@@ -58,13 +59,73 @@ def driver_sql(sql: str) -> str:
     return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
 
 
+class Inlined:
+    """A long list parameter (100,000 task names) written into the statement's text once per
+    statement, where it would be escaped element by element at every execution (90 ms of
+    CPU for the poll's two statements with 100,000 names). The text is kept per escaping mode
+    (``NO_BACKSLASH_ESCAPES`` changes it)."""
+
+    __slots__ = ("_texts", "values")
+
+    def __init__(self, values: Sequence[Any]) -> None:
+        self.values = tuple(values)
+        self._texts: dict[str, str] = {}
+
+    def literal(self, cursor: Any) -> str:
+        """The list as SQL text, ``%`` doubled for the driver's interpolation."""
+        mode = cursor.mogrify("%s", ("\\",))
+        known = self._texts.get(mode)
+        if known is None:
+            known = self._texts[mode] = _literal(cursor, self.values).replace("%", "%%")
+        return known
+
+
+@functools.lru_cache(maxsize=256)
+def _placeholders(count: int, arity: int) -> str:
+    one = "%s" if arity == 0 else "(" + ", ".join(["%s"] * arity) + ")"
+    return ", ".join([one] * count)
+
+
+def _literal(cursor: Any, values: Sequence[Any]) -> str:
+    """A list (of scalars, or of tuples) as the SQL text ``(a, b)`` / ``((a, b), (c, d))``,
+    each value escaped by the driver as a statement's own parameter is: asyncmy escapes the
+    elements of a tuple parameter without regard to ``NO_BACKSLASH_ESCAPES``, which would
+    break (or change) a name with a quote or a backslash in that mode."""
+    arity = len(values[0]) if values and isinstance(values[0], tuple) else 0
+    flat = tuple(v for row in values for v in row) if arity else tuple(values)
+    escaped: str = cursor.mogrify(_placeholders(len(values), arity), flat)
+    return f"({escaped})"
+
+
+@functools.lru_cache(maxsize=512)
+def _template(sql: str, lists: tuple[str, ...]) -> str:
+    """``driver_sql(sql)`` with each of the ``lists`` parameters left as a marker."""
+    for name in lists:
+        sql = re.sub(rf"(?<![:\w]):{name}\b", f"\x00{name}\x00", sql)
+    return driver_sql(sql)
+
+
 async def execute(cursor: Any, name: str, sql: str, params: dict[str, Any]) -> int:
     """Run one statement text on the driver's cursor; the rows it matched. A list parameter
-    (of scalars, or of tuples) goes as a tuple: asyncmy writes tuples as ``(a, b)``."""
+    (of scalars, or of tuples) is written into the text as ``(a, b)``, escaped by the driver
+    (an ``Inlined`` one once per statement and escaping mode)."""
     if probes.active:
         probes.statement(name, sql)
-    args = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
-    return int(await cursor.execute(driver_sql(sql), args))
+    args: dict[str, Any] = {}
+    lists: dict[str, str] = {}  # each list's text, its % doubled
+    for k, v in params.items():
+        if isinstance(v, Inlined):
+            lists[k] = v.literal(cursor)
+        elif isinstance(v, (list, tuple)):
+            lists[k] = _literal(cursor, v).replace("%", "%%")
+        else:
+            args[k] = v
+    if not lists:
+        return int(await cursor.execute(driver_sql(sql), args))
+    text = _template(sql, tuple(lists))
+    for k, literal in lists.items():
+        text = text.replace(f"\x00{k}\x00", literal)
+    return int(await cursor.execute(text, args))
 
 
 def task_row(r: Any) -> TaskRow:

@@ -84,6 +84,7 @@ class MySQLTaskStore(TaskStore):
         self._t = t
         self._p = p
         self._per_name: dict[tuple[bool, int], tuple[TextClause, TextClause]] = {}
+        self._inline: dict[str, hot.Inlined] = {}
         self._lock_keys = sql(q.lock_keys(t))
         self._claim = sql(q.claim(t))
         self._lock_owned = sql(q.lock_owned(t))
@@ -310,11 +311,12 @@ class MySQLTaskStore(TaskStore):
         if not names:
             return PollResult([], _aware((await self.db.clock())[0]), None)
         _, lock_due, clock_sql = self._poll_sql[skip_paused]
-        params: dict[str, Any] = {"names": names, "limit": limit}
+        listed = self._inlined(names)
+        params: dict[str, Any] = {"names": listed, "limit": limit}
         if len(names) <= q.PER_NAME_MAX:
             lock_due = self._per_name_sql(skip_paused, len(names))[1]
             params = {"limit": limit, **q.name_params(names)}
-        clock = (clock_sql.text, {"names": names})
+        clock = (clock_sql.text, {"names": listed})
 
         async def run(cursor: Any) -> PollResult:
             return await hot.lock_and_fetch(
@@ -458,12 +460,13 @@ class MySQLTaskStore(TaskStore):
         if not names:
             return Revival([], None)
         dead_us = dead_after // timedelta(microseconds=1)
-        async with self.db.connect() as conn:
-            result = list(
-                await conn.execute(
-                    self._dead_candidates, {"names": list(names), "dead_us": dead_us}
-                )
-            )
+        params = {"names": self._inlined(names, "dead"), "dead_us": dead_us}
+
+        async def read(cursor: Any) -> list[Any]:
+            await hot.execute(cursor, "dead-execution check", self._dead_candidates.text, params)
+            return list(await cursor.fetchall())
+
+        result = await hot.transaction(self.db, None, read)
         candidates = [(r[0], r[1], int(r[2])) for r in result if r[0] is not None]
         next_death = aware(next((r[3] for r in result if r[0] is None), None))
         if not candidates:
@@ -471,6 +474,14 @@ class MySQLTaskStore(TaskStore):
 
         revived = await self._revive_candidates(candidates, dead_us)
         return Revival(revived, next_death)
+
+    def _inlined(self, names: Sequence[str], statement: str = "poll") -> hot.Inlined:
+        """The names as one ``hot.Inlined`` per statement, kept while they are the same."""
+        key = tuple(names)
+        known = self._inline.get(statement)
+        if known is None or known.values != key:
+            known = self._inline[statement] = hot.Inlined(key)
+        return known
 
     async def _revive_candidates(
         self, candidates: list[tuple[str, str, int]], dead_us: int
