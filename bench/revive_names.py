@@ -9,6 +9,7 @@ trip, which is mostly the server's work). Medians.
 
     .venv/bin/python bench/revive_names.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
     .venv/bin/python bench/revive_names.py --url ... --names 100000 --picked 0 1000
+    .venv/bin/python bench/revive_names.py --url mysql+asyncmy://root@127.0.0.1:3306/test  # MariaDB
 
 Run it from another checkout (``PYTHONPATH=<checkout>``) to compare versions.
 """
@@ -59,21 +60,34 @@ async def measure(
     return results
 
 
+_FILL = {
+    "postgresql": (
+        "SELECT 'job-' || i, 'r', now(), true, 'x', now() + interval '1 hour', 1 "
+        "FROM generate_series(1, :n) AS i",
+        "ANALYZE scheduled_tasks",
+    ),
+    "mysql": (  # MariaDB's sequence engine (MySQL 8 has no seq_ tables)
+        "SELECT concat('job-', seq), 'r', UTC_TIMESTAMP(6), 1, 'x', "
+        "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, 1 FROM seq_1_to_1000000 LIMIT :n",
+        "ANALYZE TABLE scheduled_tasks",
+    ),
+}
+
+
 async def _fill(engine: Any, count: int) -> None:
     """``count`` picked rows, alive for an hour: nothing to revive."""
+    rows, analyze = _FILL[engine.dialect.name]
     async with engine.begin() as conn:
-        await conn.execute(text("TRUNCATE scheduled_tasks"))  # no dead rows left behind
+        await conn.execute(text("TRUNCATE TABLE scheduled_tasks"))  # no dead rows left behind
         if count:
             await conn.execute(
                 text(
                     "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, "
-                    "picked, picked_by, last_heartbeat, version) "
-                    "SELECT 'job-' || i, 'r', now(), true, 'x', now() + interval '1 hour', 1 "
-                    "FROM generate_series(1, :n) AS i"
+                    "picked, picked_by, last_heartbeat, version) " + rows
                 ),
                 {"n": count},
             )
-        await conn.execute(text("ANALYZE scheduled_tasks"))
+        await conn.execute(text(analyze))
 
 
 async def _timed(store: Any, names: list[str], count: int, repeat: int) -> dict[str, Any]:
@@ -108,7 +122,9 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", required=True, help="postgresql+asyncpg://... (to start from)")
+    parser.add_argument(
+        "--url", required=True, help="postgresql+asyncpg://... or mysql+asyncmy://... (MariaDB)"
+    )
     parser.add_argument("--names", type=int, default=100_000)
     parser.add_argument("--picked", type=int, nargs="+", default=[0, 1000])
     parser.add_argument("--repeat", type=int, default=10)
