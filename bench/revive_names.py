@@ -5,7 +5,8 @@ statement the housekeeper sends once per heartbeat interval and at the moment th
 row would die. For each number of picked rows (all alive: nothing to revive, the common case),
 ``--repeat`` checks after two warm-ups; per check the client's CPU (``time.process_time``:
 building and encoding the parameters, decoding the answer) and the wall time (the round
-trip, which is mostly the server's work). Medians.
+trip, which is mostly the server's work); and the same for an idle poll (lock-and-fetch, 50
+rows, nothing due). Medians.
 
     .venv/bin/python bench/revive_names.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
     .venv/bin/python bench/revive_names.py --url ... --names 100000 --picked 0 1000
@@ -33,6 +34,7 @@ from sqlalchemy import text  # noqa: E402
 from sqlalchemy.ext.asyncio import create_async_engine  # noqa: E402
 from sqlalchemy.pool import NullPool  # noqa: E402
 
+from ekbatan_fastapi.domain.rows import PollingStrategy  # noqa: E402
 from ekbatan_fastapi.store.dialects import open_store  # noqa: E402
 
 try:
@@ -93,29 +95,39 @@ async def _fill(engine: Any, count: int) -> None:
 async def _timed(store: Any, names: list[str], count: int, repeat: int) -> dict[str, Any]:
     cpu: list[float] = []
     wall: list[float] = []
+    poll_cpu: list[float] = []
+    poll_wall: list[float] = []
     for i in range(repeat + 2):  # two warm-ups
         began_cpu, began = time.process_time(), time.perf_counter()
         revival = await store.revive_dead(names, timedelta(seconds=40))
+        checked_cpu, checked = time.process_time(), time.perf_counter()
+        result = await store.poll(names, 50, "bench", PollingStrategy.LOCK_AND_FETCH)
         if i >= 2:
-            cpu.append((time.process_time() - began_cpu) * 1000)
-            wall.append((time.perf_counter() - began) * 1000)
-        assert not revival.revived
+            cpu.append((checked_cpu - began_cpu) * 1000)
+            wall.append((checked - began) * 1000)
+            poll_cpu.append((time.process_time() - checked_cpu) * 1000)
+            poll_wall.append((time.perf_counter() - checked) * 1000)
+        assert not revival.revived and not result.claimed
     return {
         "names": len(names),
         "picked": count,
         "cpu_ms": statistics.median(cpu),
         "wall_ms": statistics.median(wall),
+        "poll_cpu_ms": statistics.median(poll_cpu),
+        "poll_wall_ms": statistics.median(poll_wall),
     }
 
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| names | picked rows | client CPU ms per check | wall ms per check |",
-        "| ---: | ---: | ---: | ---: |",
+        "| names | picked rows | client CPU ms per check | wall ms per check "
+        "| idle poll: client CPU ms | wall ms |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results:
         lines.append(
-            f"| {r['names']:,} | {r['picked']:,} | {r['cpu_ms']:.2f} | {r['wall_ms']:.2f} |"
+            f"| {r['names']:,} | {r['picked']:,} | {r['cpu_ms']:.2f} | {r['wall_ms']:.2f} "
+            f"| {r['poll_cpu_ms']:.2f} | {r['poll_wall_ms']:.2f} |"
         )
     return "\n".join(lines)
 
