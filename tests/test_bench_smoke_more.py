@@ -96,6 +96,8 @@ async def test_idle_cost_harness_counts_polls(server: common.ServerInfo) -> None
     assert "poll (claim due rows)" in idle_cost.format_table(run)
     assert run.startup["ready_s"] > 0 and run.startup["cleanup_deleted"] == idle_cost.UNRESOLVED
     assert run.startup["build_s"] > 0 and run.startup["block_start_s"] >= 0
+    assert run.startup["probe_cpu_per_s"] >= 0
+    assert "the harness's own event-loop probe" in idle_cost.format_table(run)
     assert run.connections is not None and 1 <= run.connections <= 5
 
 
