@@ -437,6 +437,20 @@ async def test_one_version_two_schedules_keeps_the_stored_one_and_warns(
     assert any("two instances of version 5 disagree" in r.getMessage() for r in caplog.records)
 
 
+def _reads_of(store: Any) -> list[list[str]]:
+    """The names each ``store.definitions`` call from now on returns, one list per call."""
+    read: list[list[str]] = []
+    original = store.definitions
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        found = await original(*args, **kwargs)
+        read.append(sorted(found))
+        return found
+
+    store.definitions = recorded
+    return read
+
+
 async def test_a_re_read_of_the_definitions_does_not_read_an_unchanged_deploy_again(
     any_registries: RegistryFactory,
 ) -> None:
@@ -447,21 +461,12 @@ async def test_a_re_read_of_the_definitions_does_not_read_an_unchanged_deploy_ag
     yearly = Schedules.cron("0 0 1 1 *")
     registry = await any_registries.start(*(RecordingJob(f"deploy-{i}", yearly) for i in range(30)))
     definitions = registry.scheduler.definitions
-    store = definitions.store
-    read: list[int] = []
-    original = store.definitions
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        found = await original(*args, **kwargs)
-        read.append(len(found))
-        return found
-
-    store.definitions = counted  # type: ignore[method-assign]
+    read = _reads_of(definitions.store)
     later = registry.scheduler.link.now() + timedelta(seconds=10)
     definitions._now = lambda: later  # the database's clock, 10 s on
     await definitions.refresh()
     await definitions.refresh()
-    assert read == [0, 0]
+    assert read == [[], []]
 
 
 async def test_a_re_read_leaves_out_only_what_this_instance_wrote_at_startup(
@@ -479,15 +484,7 @@ async def test_a_re_read_leaves_out_only_what_this_instance_wrote_at_startup(
     same_name_later = dataclasses.replace(ours["mine-2"], written_by=definitions.name)
     await asyncio.sleep(0.01)  # the database's clock moves past this instance's startup
     await store.write([same_name_later])
-    read: list[list[str]] = []
-    original = store.definitions
-
-    async def recorded(*args: Any, **kwargs: Any) -> Any:
-        found = await original(*args, **kwargs)
-        read.append(sorted(found))
-        return found
-
-    store.definitions = recorded  # type: ignore[method-assign]
+    read = _reads_of(store)
     await definitions.refresh()
     assert read == [["mine-1", "mine-2"]]
 
