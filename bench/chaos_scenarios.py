@@ -464,7 +464,7 @@ def _starved_pool_checks(run: Run, audit: Audit) -> list[str]:
 async def _blocked_loop(run: Run) -> None:
     c = run.cluster
     block = run.pick(2 * run.knobs.dead_after + 1.0, 20.0)
-    held = run.pick(10.0, 30.0)
+    held = run.pick(15.0, 30.0)
     a1 = await c.start_app("a1", extras=("block", "long"))
     run.processes = (
         "1 uvicorn example app (a1, the only one with the blocking job) + p1 (plain, takes over)"

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import (
@@ -472,8 +472,9 @@ async def test_a_re_read_of_the_definitions_does_not_read_an_unchanged_deploy_ag
 async def test_a_re_read_leaves_out_only_what_this_instance_wrote_at_startup(
     any_registries: RegistryFactory,
 ) -> None:
-    """What another instance wrote is read, whenever it was written; what an instance of the
-    same name (a misconfigured fleet) wrote after this one's startup is read too."""
+    """What another instance wrote is read, whenever it was written; so is what an instance of
+    the same name (a misconfigured fleet) wrote, after this one's startup or during it (a
+    stamp that is not one of this instance's own)."""
     yearly = Schedules.cron("0 0 1 1 *")
     registry = await any_registries.start(*(RecordingJob(f"mine-{i}", yearly) for i in range(5)))
     definitions = registry.scheduler.definitions
@@ -484,9 +485,17 @@ async def test_a_re_read_leaves_out_only_what_this_instance_wrote_at_startup(
     same_name_later = dataclasses.replace(ours["mine-2"], written_by=definitions.name)
     await asyncio.sleep(0.01)  # the database's clock moves past this instance's startup
     await store.write([same_name_later])
+    (own_stamp,) = definitions._stamps
+    j = store.table
+    async with registry.engine.begin() as conn:  # as if written during this one's startup
+        await conn.execute(
+            update(j)
+            .where(j.c.task_name == "mine-3")
+            .values(written_at=own_stamp - timedelta(milliseconds=1))
+        )
     read = _reads_of(store)
     await definitions.refresh()
-    assert read == [["mine-1", "mine-2"]]
+    assert read == [["mine-1", "mine-2", "mine-3"]]
 
 
 async def test_a_failing_look_for_a_newer_schedule_still_records_the_run(

@@ -107,9 +107,11 @@ class Definitions:
         before it (less ``_OVERLAP``) that read saw."""
         self._handled: dict[str, datetime] = {}
         """The stored definitions already looked at, by job: their ``written_at``."""
-        self._wrote_until: datetime | None = None
-        """The ``written_at`` of this instance's last write at startup: a re-read leaves out
-        what it wrote until then (100,000 definitions are not read back 10 s after start)."""
+        self._stamps: frozenset[datetime] = frozenset()
+        """The ``written_at`` of this instance's writes at startup (one per batch of 1,000):
+        a re-read leaves out its own rows with those stamps (100,000 definitions are not
+        read back 10 s after start; another instance's write, even under the same name, has
+        a stamp of its own)."""
         self._ours: dict[str, JobDefinition] | None = None
         self._refreshed = -1e9
         self._refreshing: asyncio.Task[None] | None = None
@@ -165,8 +167,7 @@ class Definitions:
         written = await self.store.write([ours[n] for n, d in decisions.items() if d.write])
         self._note_seen(stored.values())
         self._handled.update(written)  # its own: not to decide again at the next re-read
-        if written:
-            self._wrote_until = max(written.values())
+        self._stamps = frozenset(written.values())
         self._refreshed = time.monotonic()
         return decisions
 
@@ -234,8 +235,9 @@ class Definitions:
         floors = [t for t in (self._seen, self._read_at) if t is not None]
         since = max(floors) - _OVERLAP if floors else None
         try:
-            mine = (self.name, self._wrote_until) if self._wrote_until is not None else None
-            found = await self.store.definitions(since=since, not_written_by=mine)
+            found = await self.store.definitions(
+                since=since, not_written_by=(self.name, self._stamps)
+            )
         except Exception as error:
             log.debug("%s: could not re-read the job definitions: %s", self.name, error)
             return

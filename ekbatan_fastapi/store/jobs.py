@@ -4,7 +4,7 @@ counts ``/jobs`` and the CLI show: executions running now, executions timed out.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -112,19 +112,20 @@ class JobsStore:
         names: Sequence[str] | None = None,
         *,
         since: datetime | None = None,
-        not_written_by: tuple[str, datetime] | None = None,
+        not_written_by: tuple[str, Collection[datetime]] | None = None,
     ) -> dict[str, JobDefinition]:
         """The stored definitions (of ``names``, or all; written at or after ``since``), by
         task name. Read ``_BATCH`` rows per statement: the event loop gets a turn between.
-        ``not_written_by`` = (an instance, the time of its last write): leave out what that
-        instance wrote until then (its own definitions, which it knows)."""
+        ``not_written_by`` = (an instance, the ``written_at`` of its writes): leave out the
+        rows it wrote with those stamps (its own definitions, which it knows; one stamp per
+        write batch)."""
         j = self.table
         stmt = select(j)
         if since is not None:
             stmt = stmt.where(j.c.written_at >= since)
-        if not_written_by is not None:
-            writer, until = not_written_by
-            stmt = stmt.where(or_(j.c.written_by != writer, j.c.written_at > until))
+        if not_written_by is not None and not_written_by[1]:
+            writer, stamps = not_written_by
+            stmt = stmt.where(or_(j.c.written_by != writer, j.c.written_at.not_in(stamps)))
         result: dict[str, JobDefinition] = {}
         if names is None:
             page = stmt.order_by(j.c.task_name).limit(_BATCH)

@@ -91,10 +91,13 @@ def _literal(cursor: Any, values: Sequence[Any]) -> str:
     each value escaped by the driver as a statement's own parameter is: asyncmy escapes the
     elements of a tuple parameter without regard to ``NO_BACKSLASH_ESCAPES``, which would
     break (or change) a name with a quote or a backslash in that mode."""
-    arity = len(values[0]) if values and isinstance(values[0], tuple) else 0
+    arity = len(values[0]) if values and isinstance(values[0], (tuple, list)) else 0
     flat = tuple(v for row in values for v in row) if arity else tuple(values)
     escaped: str = cursor.mogrify(_placeholders(len(values), arity), flat)
     return f"({escaped})"
+
+
+_MARKER = re.compile("\x00(\\w+)\x00")
 
 
 @functools.lru_cache(maxsize=512)
@@ -122,9 +125,8 @@ async def execute(cursor: Any, name: str, sql: str, params: dict[str, Any]) -> i
             args[k] = v
     if not lists:
         return int(await cursor.execute(driver_sql(sql), args))
-    text = _template(sql, tuple(lists))
-    for k, literal in lists.items():
-        text = text.replace(f"\x00{k}\x00", literal)
+    # One pass: a list's text is never searched for another list's marker.
+    text = _MARKER.sub(lambda m: lists[m.group(1)], _template(sql, tuple(lists)))
     return int(await cursor.execute(text, args))
 
 
