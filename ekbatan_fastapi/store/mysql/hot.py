@@ -32,6 +32,7 @@ from .database import ER_LOCK_DEADLOCK, MySQLDatabase, errno
 
 __all__ = [
     "Inlined",
+    "InlinedLists",
     "RowsLost",
     "beat",
     "driver_sql",
@@ -77,6 +78,20 @@ class Inlined:
         known = self._texts.get(mode)
         if known is None:
             known = self._texts[mode] = _literal(cursor, self.values).replace("%", "%%")
+        return known
+
+
+class InlinedLists:
+    """One ``Inlined`` per statement, kept while its list is the same."""
+
+    def __init__(self) -> None:
+        self._by_statement: dict[str, Inlined] = {}
+
+    def get(self, values: Sequence[Any], statement: str) -> Inlined:
+        key = tuple(values)
+        known = self._by_statement.get(statement)
+        if known is None or known.values != key:
+            known = self._by_statement[statement] = Inlined(key)
         return known
 
 

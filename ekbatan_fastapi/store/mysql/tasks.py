@@ -84,7 +84,7 @@ class MySQLTaskStore(TaskStore):
         self._t = t
         self._p = p
         self._per_name: dict[tuple[bool, int], tuple[TextClause, TextClause]] = {}
-        self._inline: dict[str, hot.Inlined] = {}
+        self._inline = hot.InlinedLists()
         self._lock_keys = sql(q.lock_keys(t))
         self._claim = sql(q.claim(t))
         self._lock_owned = sql(q.lock_owned(t))
@@ -311,7 +311,7 @@ class MySQLTaskStore(TaskStore):
         if not names:
             return PollResult([], _aware((await self.db.clock())[0]), None)
         _, lock_due, clock_sql = self._poll_sql[skip_paused]
-        listed = self._inlined(names)
+        listed = self._inline.get(names, "poll")
         params: dict[str, Any] = {"names": listed, "limit": limit}
         if len(names) <= q.PER_NAME_MAX:
             lock_due = self._per_name_sql(skip_paused, len(names))[1]
@@ -460,7 +460,7 @@ class MySQLTaskStore(TaskStore):
         if not names:
             return Revival([], None)
         dead_us = dead_after // timedelta(microseconds=1)
-        params = {"names": self._inlined(names, "dead"), "dead_us": dead_us}
+        params = {"names": self._inline.get(names, "dead"), "dead_us": dead_us}
 
         async def read(cursor: Any) -> list[Any]:
             await hot.execute(cursor, "dead-execution check", self._dead_candidates.text, params)
@@ -474,14 +474,6 @@ class MySQLTaskStore(TaskStore):
 
         revived = await self._revive_candidates(candidates, dead_us)
         return Revival(revived, next_death)
-
-    def _inlined(self, names: Sequence[str], statement: str = "poll") -> hot.Inlined:
-        """The names as one ``hot.Inlined`` per statement, kept while they are the same."""
-        key = tuple(names)
-        known = self._inline.get(statement)
-        if known is None or known.values != key:
-            known = self._inline[statement] = hot.Inlined(key)
-        return known
 
     async def _revive_candidates(
         self, candidates: list[tuple[str, str, int]], dead_us: int
