@@ -84,6 +84,9 @@ class Proxy:
         )
         self._server: asyncio.Server | None = None
         self._links: set[_Link] = set()
+        self._every: list[_Link] = []
+        """Every connection since the start, for ``close`` (its pipes may outlive a cut)."""
+        self._closed = False
         self._holes = False
         self._never = asyncio.Event()
         self._delays: list[tuple[bytes, float, int]] = []
@@ -130,7 +133,12 @@ class Proxy:
             await self._abort([link for link in self._links if link.frozen])
 
     async def close(self) -> None:
+        """Cut, and end every pipe still running (a connection accepted just before a cut, or
+        one left frozen), so that no task or socket outlives the proxy."""
+        self._closed = True
         await self.cut()
+        every, self._every = self._every, []
+        await self._abort(every)
 
     async def _abort(self, links: list[_Link]) -> None:
         tasks = [task for link in links for task in link.tasks]
@@ -141,7 +149,11 @@ class Proxy:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = _Link(writer)
+        if self._closed:
+            link.abort()
+            return
         self._links.add(link)
+        self._every.append(link)
         if self._holes:
             link.frozen = True
             return  # held open, never answered
@@ -155,6 +167,9 @@ class Proxy:
             self._links.discard(link)
             return
         link.upstream = up_writer
+        if link not in self._links:  # cut or reset while it connected: no pipes for it
+            link.abort()
+            return
 
         async def pipe(
             src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, requests: bool
