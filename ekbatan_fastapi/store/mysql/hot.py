@@ -77,7 +77,7 @@ class Inlined:
         mode = cursor.mogrify("%s", ("\\",))
         known = self._texts.get(mode)
         if known is None:
-            known = self._texts[mode] = _literal(cursor, self.values).replace("%", "%%")
+            known = self._texts[mode] = _literal(cursor, self.values)
         return known
 
 
@@ -105,11 +105,12 @@ def _literal(cursor: Any, values: Sequence[Any]) -> str:
     """A list (of scalars, or of tuples) as the SQL text ``(a, b)`` / ``((a, b), (c, d))``,
     each value escaped by the driver as a statement's own parameter is: asyncmy escapes the
     elements of a tuple parameter without regard to ``NO_BACKSLASH_ESCAPES``, which would
-    break (or change) a name with a quote or a backslash in that mode."""
+    break (or change) a name with a quote or a backslash in that mode. ``%`` comes doubled,
+    for the driver's interpolation of the statement's other parameters."""
     arity = len(values[0]) if values and isinstance(values[0], (tuple, list)) else 0
     flat = tuple(v for row in values for v in row) if arity else tuple(values)
     escaped: str = cursor.mogrify(_placeholders(len(values), arity), flat)
-    return f"({escaped})"
+    return f"({escaped})".replace("%", "%%")
 
 
 _MARKER = re.compile("\x00(\\w+)\x00")
@@ -130,12 +131,12 @@ async def execute(cursor: Any, name: str, sql: str, params: dict[str, Any]) -> i
     if probes.active:
         probes.statement(name, sql)
     args: dict[str, Any] = {}
-    lists: dict[str, str] = {}  # each list's text, its % doubled
+    lists: dict[str, str] = {}
     for k, v in params.items():
         if isinstance(v, Inlined):
             lists[k] = v.literal(cursor)
         elif isinstance(v, (list, tuple)):
-            lists[k] = _literal(cursor, v).replace("%", "%%")
+            lists[k] = _literal(cursor, v)
         else:
             args[k] = v
     if not lists:
