@@ -15,6 +15,7 @@ import base64
 import contextlib
 import itertools
 import json
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -43,35 +44,54 @@ class Browser:
     @classmethod
     @contextlib.asynccontextmanager
     async def launch(
-        cls, executable: str, args: list[str], profile: Path, timeout: float = 20.0
+        cls,
+        executable: str,
+        args: list[str],
+        profile: Path,
+        timeout: float = 30.0,
+        attempts: int = 2,
     ) -> AsyncIterator[Browser]:
         """Start Chromium with a fresh profile in ``profile``; its output goes to
-        ``profile/chromium.log``. The DevTools port is the one Chromium chose (port 0)."""
-        log = _log_file(profile)
-        process = await asyncio.create_subprocess_exec(
-            executable,
-            "--headless=new",
-            "--remote-debugging-port=0",
-            f"--user-data-dir={profile}",
-            *args,
-            "about:blank",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-        )
-        browser = None
-        try:
-            url = await _devtools_url(profile, process, timeout)
-            connection = await websockets.connect(url, max_size=None, ping_interval=None)
-            browser = cls(connection, process)
-            yield browser
-        finally:
-            if browser is not None:
-                await browser._close()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            log.close()
+        ``profile/chromium.log``. The DevTools port is the one Chromium chose (port 0).
+
+        A start that writes no DevTools port within ``timeout`` is killed and tried again on an
+        empty profile, ``attempts`` times in all: once in a CI run, on a loaded machine, a
+        Chromium started and never wrote it. The error names each try and ends its log."""
+        failures: list[str] = []
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                shutil.rmtree(profile, ignore_errors=True)
+            log = _log_file(profile)
+            process = await asyncio.create_subprocess_exec(
+                executable,
+                "--headless=new",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                *args,
+                "about:blank",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+            browser = None
+            try:
+                try:
+                    url = await _devtools_url(profile, process, timeout)
+                except _NoPort as error:
+                    failures.append(f"try {attempt}: {error}")
+                    continue
+                connection = await websockets.connect(url, max_size=None, ping_interval=None)
+                browser = cls(connection, process)
+                yield browser
+                return
+            finally:
+                if browser is not None:
+                    await browser._close()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+                log.close()
+        raise AssertionError("\n".join(failures))
 
     async def send(
         self, method: str, params: dict[str, Any] | None = None, session: str | None = None
@@ -150,19 +170,26 @@ def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
+class _NoPort(Exception):
+    """Chromium wrote no DevTools port in time (its log's end is the message)."""
+
+
 async def _devtools_url(profile: Path, process: asyncio.subprocess.Process, timeout: float) -> str:
     """Chromium writes its DevTools port and browser path to ``DevToolsActivePort``."""
     active = profile / "DevToolsActivePort"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.returncode is not None:
-            log = (profile / "chromium.log").read_text(errors="replace")
-            raise AssertionError(f"chromium exited with {process.returncode}:\n{log[-3000:]}")
+            raise AssertionError(f"chromium exited with {process.returncode}:\n{_tail(profile)}")
         lines = active.read_text().split() if active.exists() else []
         if len(lines) == 2:
             return f"ws://127.0.0.1:{lines[0]}{lines[1]}"
         await asyncio.sleep(0.05)
-    raise AssertionError(f"chromium wrote no {active} within {timeout} s")
+    raise _NoPort(f"chromium wrote no {active} within {timeout} s; its log ends:\n{_tail(profile)}")
+
+
+def _tail(profile: Path) -> str:
+    return (profile / "chromium.log").read_text(errors="replace")[-3000:]
 
 
 class Page:
