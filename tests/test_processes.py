@@ -29,7 +29,10 @@ async def test_three_processes_run_each_200ms_slot_exactly_once(
 ) -> None:
     async with any_engine.begin() as conn:
         await conn.run_sync(LEDGERS.create_all, tables=[ledger])
-    args = _worker_args(any_database)
+    # A dead window of 4 s (heartbeat 1 s, 4 missed), not the worker's default 0.8 s: this test
+    # revives nothing, and on a loaded CI machine a process held off the CPU for 0.8 s had its
+    # execution revived by a peer (that slot ran twice: correct for the settings, not the test).
+    args = ["--heartbeat", "1.0", *_worker_args(any_database)]
     workers = await asyncio.gather(
         *(Worker.start("slots", any_database.url, *args) for _ in range(3))
     )
