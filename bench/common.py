@@ -324,6 +324,13 @@ async def server_version(engine: AsyncEngine) -> str:
 # -- statistics -------------------------------------------------------------------------------
 
 
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table of right-aligned (numeric) columns, as BENCHMARKS.md takes them."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + " ---: |" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear interpolation between closest ranks (numpy's default); None when empty."""
     if not values:

@@ -137,18 +137,19 @@ async def _timed_by_table(conn: AsyncConnection, repeat: int) -> tuple[float, fl
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = [
-        "| names | idle poll, names in the text (ms) | names from a temporary table (ms) "
-        "| of which the due rows' lock | the next due time "
-        "| filling the table (s, once per connection) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    headers = (
+        "names",
+        "idle poll, names in the text (ms)",
+        "names from a temporary table (ms)",
+        "of which the due rows' lock",
+        "the next due time",
+        "filling the table (s, once per connection)",
+    )
+    keys = ("in_text_ms", "table_ms", "table_lock_ms", "table_clock_ms")
+    rows = [
+        [f"{r['names']:,}", *(f"{r[k]:.2f}" for k in keys), f"{r['fill_s']:.3f}"] for r in results
     ]
-    for r in results:
-        lines.append(
-            f"| {r['names']:,} | {r['in_text_ms']:.2f} | {r['table_ms']:.2f} "
-            f"| {r['table_lock_ms']:.2f} | {r['table_clock_ms']:.2f} | {r['fill_s']:.3f} |"
-        )
-    return "\n".join(lines)
+    return common.markdown_table(headers, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

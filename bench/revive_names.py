@@ -119,17 +119,19 @@ async def _timed(store: Any, names: list[str], count: int, repeat: int) -> dict[
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = [
-        "| names | picked rows | client CPU ms per check | wall ms per check "
-        "| idle poll: client CPU ms | wall ms |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    headers = (
+        "names",
+        "picked rows",
+        "client CPU ms per check",
+        "wall ms per check",
+        "idle poll: client CPU ms",
+        "wall ms",
+    )
+    keys = ("cpu_ms", "wall_ms", "poll_cpu_ms", "poll_wall_ms")
+    rows = [
+        [f"{r['names']:,}", f"{r['picked']:,}", *(f"{r[k]:.2f}" for k in keys)] for r in results
     ]
-    for r in results:
-        lines.append(
-            f"| {r['names']:,} | {r['picked']:,} | {r['cpu_ms']:.2f} | {r['wall_ms']:.2f} "
-            f"| {r['poll_cpu_ms']:.2f} | {r['poll_wall_ms']:.2f} |"
-        )
-    return "\n".join(lines)
+    return common.markdown_table(headers, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
