@@ -316,6 +316,19 @@ async def fresh_schema(server_url: str, prefix: str) -> AsyncIterator[str]:
         yield db_url
 
 
+@contextlib.asynccontextmanager
+async def fresh_task_store(server_url: str, prefix: str) -> AsyncIterator[tuple[AsyncEngine, Any]]:
+    """An engine (no pool) on a ``fresh_schema`` and the library's task store on it."""
+    from ekbatan_fastapi.store.dialects import open_store
+
+    async with fresh_schema(server_url, prefix) as db_url:
+        engine = create_async_engine(db_url, poolclass=NullPool)
+        try:
+            yield engine, open_store(engine, engine.dialect.name).tasks
+        finally:
+            await engine.dispose()
+
+
 async def server_version(engine: AsyncEngine) -> str:
     async with engine.connect() as conn:
         return str((await conn.execute(text("SHOW server_version"))).scalar_one())

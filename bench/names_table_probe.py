@@ -28,11 +28,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import text  # noqa: E402
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine  # noqa: E402
-from sqlalchemy.pool import NullPool  # noqa: E402
+from sqlalchemy.ext.asyncio import AsyncConnection  # noqa: E402
 
 from ekbatan_fastapi.domain.rows import PollingStrategy  # noqa: E402
-from ekbatan_fastapi.store.dialects import open_store  # noqa: E402
+from ekbatan_fastapi.store.database import chunks  # noqa: E402
 from ekbatan_fastapi.store.mysql import statements  # noqa: E402
 
 try:
@@ -47,46 +46,44 @@ _BY_TABLE = f"task_name IN (SELECT name FROM {_TABLE})"
 async def measure(url: str, sizes: tuple[int, ...], repeat: int) -> list[dict[str, Any]]:
     """One row per number of names: the idle poll's wall ms with the names in the text and
     from a temporary table, and the table's fill time."""
+    if not common.is_mysql_url(url):
+        raise SystemExit(
+            f"names_table_probe.py measures MySQL/MariaDB only, not {url!r}: "
+            "pass --url mysql+asyncmy://root@127.0.0.1:3306/test"
+        )
     results: list[dict[str, Any]] = []
-    async with common.fresh_schema(url, "bench_names") as db_url:
-        engine = create_async_engine(db_url, poolclass=NullPool)
-        try:
-            if engine.dialect.name != "mysql":
-                raise SystemExit(f"MySQL/MariaDB only (this URL is {engine.dialect.name})")
-            store = open_store(engine, engine.dialect.name).tasks
-            for size in sizes:
-                names = [f"job-{i:06d}" for i in range(size)]
-                await _fill(engine, names)
-                in_text = await _timed_library(store, names, repeat)
-                async with engine.connect() as conn:
-                    fill = await _names_table(conn, names)
-                    locks, clocks = await _timed_by_table(conn, repeat)
-                results.append(
-                    {
-                        "names": size,
-                        "in_text_ms": in_text,
-                        "table_ms": locks + clocks,
-                        "table_lock_ms": locks,
-                        "table_clock_ms": clocks,
-                        "fill_s": fill,
-                    }
-                )
-                print(results[-1], flush=True)
-        finally:
-            await engine.dispose()
+    async with common.fresh_task_store(url, "bench_names") as (engine, store):
+        for size in sizes:
+            names = [f"job-{i:06d}" for i in range(size)]
+            await _fill(engine, names)
+            in_text = await _timed_library(store, names, repeat)
+            async with engine.connect() as conn:
+                fill = await _names_table(conn, names)
+                locks, clocks = await _timed_by_table(conn, repeat)
+            results.append(
+                {
+                    "names": size,
+                    "in_text_ms": in_text,
+                    "table_ms": locks + clocks,
+                    "table_lock_ms": locks,
+                    "table_clock_ms": clocks,
+                    "fill_s": fill,
+                }
+            )
+            print(results[-1], flush=True)
     return results
 
 
 async def _fill(engine: Any, names: list[str]) -> None:
     async with engine.begin() as conn:
         await conn.execute(text("TRUNCATE TABLE scheduled_tasks"))
-        for part in range(0, len(names), 5000):
+        for part in chunks(names, 5000):
             await conn.execute(
                 text(
                     "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, "
                     "picked, version) VALUES (:n, 'recurring', '2099-01-01', 0, 1)"
                 ),
-                [{"n": n} for n in names[part : part + 5000]],
+                [{"n": n} for n in part],
             )
         await conn.execute(text("ANALYZE TABLE scheduled_tasks"))
 
@@ -107,10 +104,9 @@ async def _names_table(conn: AsyncConnection, names: list[str]) -> float:
     await conn.execute(
         text(f"CREATE TEMPORARY TABLE {_TABLE} (name VARCHAR(100) PRIMARY KEY) ENGINE=InnoDB")
     )
-    for part in range(0, len(names), 5000):
+    for part in chunks(names, 5000):
         await conn.execute(
-            text(f"INSERT INTO {_TABLE} (name) VALUES (:n)"),
-            [{"n": n} for n in names[part : part + 5000]],
+            text(f"INSERT INTO {_TABLE} (name) VALUES (:n)"), [{"n": n} for n in part]
         )
     await conn.commit()
     return time.perf_counter() - began

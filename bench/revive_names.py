@@ -31,11 +31,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import text  # noqa: E402
-from sqlalchemy.ext.asyncio import create_async_engine  # noqa: E402
-from sqlalchemy.pool import NullPool  # noqa: E402
 
 from ekbatan_fastapi.domain.rows import PollingStrategy  # noqa: E402
-from ekbatan_fastapi.store.dialects import open_store  # noqa: E402
 
 try:
     from bench import common
@@ -49,16 +46,11 @@ async def measure(
     """One row per number of picked rows: client CPU and wall ms per check (medians)."""
     job_names = [f"job-{i}" for i in range(names)]
     results: list[dict[str, Any]] = []
-    async with common.fresh_schema(url, "bench_revive") as db_url:
-        engine = create_async_engine(db_url, poolclass=NullPool)
-        try:
-            store = open_store(engine, engine.dialect.name).tasks
-            for count in picked:
-                await _fill(engine, count)
-                results.append(await _timed(store, job_names, count, repeat))
-                print(results[-1], flush=True)
-        finally:
-            await engine.dispose()
+    async with common.fresh_task_store(url, "bench_revive") as (engine, store):
+        for count in picked:
+            await _fill(engine, count)
+            results.append(await _timed(store, job_names, count, repeat))
+            print(results[-1], flush=True)
     return results
 
 

@@ -61,36 +61,21 @@ class Browser:
         for attempt in range(1, attempts + 1):
             if attempt > 1:
                 shutil.rmtree(profile, ignore_errors=True)
-            log = _log_file(profile)
-            process = await asyncio.create_subprocess_exec(
-                executable,
-                "--headless=new",
-                "--remote-debugging-port=0",
-                f"--user-data-dir={profile}",
-                *args,
-                "about:blank",
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
-            browser = None
             try:
-                try:
-                    url = await _devtools_url(profile, process, timeout)
-                except _NoPort as error:
-                    failures.append(f"try {attempt}: {error}")
-                    continue
+                process, log, url = await _start(executable, args, profile, timeout)
+            except _NoPort as error:
+                failures.append(f"try {attempt}: {error}")
+                continue
+            try:
                 connection = await websockets.connect(url, max_size=None, ping_interval=None)
                 browser = cls(connection, process)
-                yield browser
-                return
-            finally:
-                if browser is not None:
+                try:
+                    yield browser
+                finally:
                     await browser._close()
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
-                log.close()
+            finally:
+                await _end(process, log)
+            return
         raise AssertionError("\n".join(failures))
 
     async def send(
@@ -168,6 +153,36 @@ def _log_file(profile: Path) -> BinaryIO:
 
 def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
+
+
+async def _start(
+    executable: str, args: list[str], profile: Path, timeout: float
+) -> tuple[asyncio.subprocess.Process, BinaryIO, str]:
+    """One Chromium on ``profile`` and its DevTools URL; ended again if it gives none."""
+    log = _log_file(profile)
+    process = await asyncio.create_subprocess_exec(
+        executable,
+        "--headless=new",
+        "--remote-debugging-port=0",
+        f"--user-data-dir={profile}",
+        *args,
+        "about:blank",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        return process, log, await _devtools_url(profile, process, timeout)
+    except BaseException:
+        await _end(process, log)
+        raise
+
+
+async def _end(process: asyncio.subprocess.Process, log: BinaryIO) -> None:
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+    log.close()
 
 
 class _NoPort(Exception):
