@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime as dt
+import gc
 import json
 import os
 import sys
@@ -149,6 +150,8 @@ async def run_ours(
     warmup: float = WARMUP,
     polling_interval: float | None = None,
     cprofile_dir: Path | None = None,
+    claim_ahead: float = 0.0,
+    gc_freeze: bool = False,
 ) -> LagRun:
     async with common.fresh_schema(server.url, "ekbatan_lag") as db_url:
         deadline = time.monotonic() + warmup + duration + 300
@@ -159,6 +162,10 @@ async def run_ours(
             cmd += ["--deadline", repr(deadline), "--index", str(index)]
             if polling_interval is not None:
                 cmd += ["--polling-interval", repr(polling_interval)]
+            if claim_ahead:
+                cmd += ["--claim-ahead", repr(claim_ahead)]
+            if gc_freeze:
+                cmd.append("--gc-freeze")
             if cprofile_dir is not None:
                 cprofile_dir.mkdir(parents=True, exist_ok=True)
                 cmd += ["--cprofile", str(cprofile_dir / f"slot-lag-worker-{index}.pstats")]
@@ -180,7 +187,9 @@ async def run_ours(
         result=result,
         errors=errors,
         settings=f"FIXED_RATE|PT{period:g}S, polling interval {interval}, lock-and-fetch, "
-        "LISTEN/NOTIFY on",
+        "LISTEN/NOTIFY on"
+        + (f", claim_ahead PT{claim_ahead:g}S" if claim_ahead else "")
+        + (", gc.freeze()" if gc_freeze else ""),
         breakdown=breakdown,
     )
 
@@ -276,6 +285,11 @@ async def _worker(args: argparse.Namespace) -> int:
         [LagJob(f"lag-{j}") for j in range(args.jobs)],
         name=f"lag-{args.index}-{os.getpid()}",
         polling_interval=args.polling_interval,
+        customize=(
+            (lambda b: b.claim_ahead(dt.timedelta(seconds=args.claim_ahead)))
+            if args.claim_ahead
+            else None
+        ),
     )
     # Where a slot's lag goes: each poll's start and end (wall clock) and what it claimed, so
     # that lag = (poll start - slot) + (poll) + (poll end - execute start). Through the
@@ -306,6 +320,8 @@ async def _worker(args: argparse.Namespace) -> int:
         if not await registry.wait_until_ready(min(60.0, remaining)):
             print("failed: not ready", flush=True)
             return 1
+        if args.gc_freeze:
+            gc.freeze()  # what was made at startup is never scanned again (docs/scheduling.md)
         print("ready", flush=True)
         await common.wait_for_stop(commands, args.deadline)
     finally:
@@ -331,6 +347,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--period", type=float, default=DEFAULT_PERIOD, help="schedule, seconds")
     p.add_argument("--duration", type=float, default=None, help="window, seconds (60)")
     p.add_argument("--polling-interval", type=float, default=None, help="default: PT10S")
+    p.add_argument(
+        "--claim-ahead", type=float, default=0.0, help="seconds (claim_ahead; default 0)"
+    )
+    p.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="each worker calls gc.freeze() once started (docs/scheduling.md)",
+    )
     p.add_argument("--quick", action="store_true", help="3 jobs, 8 s")
     p.add_argument("--json", type=Path)
     p.add_argument("--cprofile-dir", type=Path, help="cProfile each worker")
@@ -358,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 duration=duration,
                 period=args.period,
                 polling_interval=args.polling_interval,
+                claim_ahead=args.claim_ahead,
+                gc_freeze=args.gc_freeze,
                 cprofile_dir=args.cprofile_dir,
             )
         )

@@ -139,6 +139,12 @@ class SchedulerBuilder:
         self.config.timeout_grace = value
         return self
 
+    def claim_ahead(self, value: timedelta) -> SchedulerBuilder:
+        """Claim rows that come due within ``value`` and start each at its own time (default
+        0; PostgreSQL): for many jobs due in the same second (docs/scheduling.md)."""
+        self.config.claim_ahead = value
+        return self
+
     def statement_timeout(self, value: timedelta | None) -> SchedulerBuilder:
         """How long one database statement may take (default 30 s; None: unbounded). A
         connection that died without a reset never answers; past this bound it is discarded

@@ -46,6 +46,7 @@ ledger = Table(
     LEDGERS,
     Column("slot", _timestamp(), primary_key=True),
     Column("pid", Integer, nullable=False),
+    Column("started", _timestamp(), nullable=True),
 )
 spans = Table(
     "spans",
@@ -77,7 +78,11 @@ class SlotsJob(DistributedJob):
 
     async def execute(self, ctx: ExecutionContext) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(insert(ledger).values(slot=ctx.execution_time, pid=os.getpid()))
+            await conn.execute(
+                insert(ledger).values(
+                    slot=ctx.execution_time, pid=os.getpid(), started=datetime.now(UTC)
+                )
+            )
 
 
 class LongJob(DistributedJob):
@@ -162,6 +167,7 @@ async def main() -> None:
     parser.add_argument("--work", type=float, default=0.3, help="seconds per export")
     parser.add_argument("--schedule", default="FIXED_RATE|PT1H", help="rollout: the schedule")
     parser.add_argument("--app-version", default=None, help="rollout: jobs.app-version")
+    parser.add_argument("--claim-ahead", type=float, default=0.0, help="seconds")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[{os.getpid()}] %(levelname)s %(message)s")
     engine = create_async_engine(args.url, pool_size=2)
@@ -176,6 +182,7 @@ async def main() -> None:
         .customize_scheduler(lambda b: b.missed_heartbeats_limit(4))
         .customize_scheduler(lambda b: b.dialect(args.dialect) if args.dialect else None)
         .customize_scheduler(lambda b: b.app_version(args.app_version))
+        .customize_scheduler(lambda b: b.claim_ahead(timedelta(seconds=args.claim_ahead)))
         .build()
     )
     stop = asyncio.Event()

@@ -109,10 +109,15 @@ async def _plan(
     return list(_nodes(plan[0]["Plan"]))
 
 
+@pytest.mark.parametrize("ahead_ms", [0, 500], ids=["due", "claim-ahead"])
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
 @pytest.mark.parametrize("strategy", list(PollingStrategy))
 async def test_postgres_polls_never_read_rows_of_other_task_names(
-    any_database: Database, any_engine: AsyncEngine, strategy: PollingStrategy, generic: bool
+    any_database: Database,
+    any_engine: AsyncEngine,
+    strategy: PollingStrategy,
+    generic: bool,
+    ahead_ms: int,
 ) -> None:
     if is_mysql(any_engine):
         pytest.skip(
@@ -122,7 +127,7 @@ async def test_postgres_polls_never_read_rows_of_other_task_names(
     t = "scheduled_tasks"
     window = q.window(50, locking=strategy == PollingStrategy.LOCK_AND_FETCH)
     make = q.lock_and_fetch if strategy == PollingStrategy.LOCK_AND_FETCH else q.fetch_candidates
-    stmt = q.Statement("poll", make(t, "ekbatan_paused_tasks", window=window))
+    stmt = q.Statement("poll", make(t, "ekbatan_paused_tasks", window=window, ahead_ms=ahead_ms))
     nodes = await _plan(any_engine, stmt, {"names": KNOWN, "limit": 50, "picked_by": "me"}, generic)
     read = [n for n in nodes if n.get("Relation Name") == t]
     assert read, nodes

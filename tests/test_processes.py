@@ -62,6 +62,35 @@ async def test_three_processes_run_each_200ms_slot_exactly_once(
     assert missed <= 2, f"{missed} slots were skipped: {gaps}"
 
 
+async def test_three_processes_claiming_ahead_start_each_slot_once_and_never_early(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """``claim_ahead`` (PostgreSQL): the 200 ms slots are claimed up to 150 ms before their
+    time by whichever process polls first; each runs once, none before its slot."""
+    async with engine.begin() as conn:
+        await conn.run_sync(LEDGERS.create_all, tables=[ledger])
+    args = ["--heartbeat", "1.0", "--claim-ahead", "0.15"]
+    workers = await asyncio.gather(*(Worker.start("slots", database_url, *args) for _ in range(3)))
+    try:
+        await asyncio.sleep(6)  # a soak, not a timing assertion
+        stopping = await db_now(engine)
+    finally:
+        codes = [await w.stop() for w in workers]
+    assert codes == [0, 0, 0]
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(ledger).order_by(ledger.c.slot))).all()
+        picked = (await conn.execute(select(scheduled_tasks.c.picked))).scalar_one()
+    assert not picked
+    rows = [r for r in rows if r.slot < stopping]
+    period = timedelta(milliseconds=200)
+    gaps = [b.slot - a.slot for a, b in itertools.pairwise(rows)]
+    assert all(g % period == timedelta(0) for g in gaps), "slots left the fixed-rate grid"
+    assert len(rows) >= 25, f"only {len(rows)} slots ran in 6 s"
+    assert sum(g // period - 1 for g in gaps) <= 2, f"slots were skipped: {gaps}"
+    early = [(r.slot, r.started) for r in rows if r.started < r.slot]
+    assert not early, f"started before their slots: {early}"
+
+
 async def test_killed_execution_is_revived_elsewhere_with_the_same_slot(
     any_database: Database, any_engine: AsyncEngine
 ) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from .link import DatabaseLink
 
@@ -20,9 +20,13 @@ _LATE = 0.002
 class Alarm:
     """The poller's alarm clock."""
 
-    def __init__(self, link: DatabaseLink, stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self, link: DatabaseLink, stopping: Callable[[], bool], ahead: timedelta = timedelta(0)
+    ) -> None:
         self._link = link
         self._stopping = stopping
+        self._ahead = ahead
+        """``claim_ahead``: wake this long before a due time (the poll claims that far ahead)."""
         self._wake = asyncio.Event()
         self._requested = False
         self.planned_due: datetime | None = None
@@ -46,7 +50,8 @@ class Alarm:
         deadline = loop_time() + seconds
         while not self._stopping():
             if self.planned_due is not None:
-                until_due = (self.planned_due - self._link.now()).total_seconds() + _LATE
+                until = self.planned_due - self._ahead - self._link.now()
+                until_due = until.total_seconds() + _LATE
                 deadline = min(deadline, loop_time() + max(0.0, until_due))
             remaining = deadline - loop_time()
             if remaining <= 0:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_RESULTS_WAIT",
+    "MAX_CLAIM_AHEAD",
     "MIN_MISSED_HEARTBEATS",
     "SchedulerConfig",
     "default_scheduler_name",
@@ -28,6 +29,9 @@ __all__ = [
 MIN_MISSED_HEARTBEATS = 4
 DEFAULT_RESULTS_WAIT = 5.0
 """Seconds a stop gives the database to record the last results (see ``shutdown_results_wait``)."""
+MAX_CLAIM_AHEAD = timedelta(seconds=10)
+"""The longest ``claim_ahead``: rows claimed ahead are held by this instance until their time,
+out of reach of the others."""
 SCHEDULER_NAME_LENGTH = 50
 """The ``picked_by`` column's limit (``varchar(50)`` on MySQL)."""
 
@@ -74,6 +78,10 @@ class SchedulerConfig:
     timeout_grace: timedelta | None = None
     """How long a timed-out ``async`` execution has to clean up after its cancellation before
     it is abandoned (None: one heartbeat interval)."""
+    claim_ahead: timedelta = timedelta(0)
+    """Claim rows that come due within this lead, and start each at its own time: when many
+    come due together, the claims are made before the slot instead of after it (PostgreSQL;
+    0: claim only due rows, as db-scheduler does). docs/scheduling.md, "Claiming ahead"."""
 
     @property
     def grace(self) -> timedelta:
@@ -133,6 +141,14 @@ class SchedulerConfig:
         ):
             raise ConfigurationError(
                 f"timeout_grace must be a timedelta of zero or more, got {self.timeout_grace!r}"
+            )
+        if not isinstance(self.claim_ahead, timedelta) or not (
+            timedelta(0) <= self.claim_ahead <= MAX_CLAIM_AHEAD
+        ):
+            raise ConfigurationError(
+                f"claim_ahead must be a timedelta from 0 to {MAX_CLAIM_AHEAD.total_seconds():g} "
+                f"seconds, got {self.claim_ahead!r} (e.g. timedelta(milliseconds=200); 0 claims "
+                "only due rows)"
             )
         name = self.scheduler_name
         if not is_valid_name(name, SCHEDULER_NAME_LENGTH):

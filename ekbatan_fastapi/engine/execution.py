@@ -77,6 +77,8 @@ class Execution:
     """Slots its next time coalesces (``CatchUp.latest``), set by ``finish``."""
     backfill: bool = False
     """A backfilled slot: one-time work of the recurring job, deleted once it succeeds."""
+    held: bool = False
+    """Claimed ahead of its time (``claim_ahead``) and waiting for it: not started yet."""
     unfit: TaskDataInvalid | None = None
     """Its stored data does not fit its typed job's model: ``execute`` is not called, and the
     row is parked (see ``unfit_data``)."""

@@ -93,6 +93,8 @@ class Executor:
         """An execution's ``HeartbeatState`` arguments (the configuration is fixed by now)."""
         self._stopping = lambda: state.stopping
         """Answers ``ctx.is_shutting_down`` (one function for every execution)."""
+        self._ahead = bool(config.claim_ahead)
+        """Rows may be claimed before their time (``claim_ahead``): each starts at its own."""
 
     def launch(self, row: TaskRow) -> None:
         """Start running a row this instance claimed."""
@@ -102,20 +104,52 @@ class Executor:
             return
         interval, dead_after, monotonic = self._heartbeats
         heartbeat = HeartbeatState(interval, dead_after, monotonic, monotonic())
-        execution = Execution(
-            row, job, heartbeat, self.link.now(), self.schedules.get(row.task_name)
-        )
+        now = self.link.now()
+        execution = Execution(row, job, heartbeat, now, self.schedules.get(row.task_name))
         self.running.started(execution)
+        if self._ahead and row.execution_time > now:
+            # Claimed ahead of its time: held (and heartbeated) until then, in its own task;
+            # started once both the database's clock (as estimated) and this machine's reach
+            # it, so that a job never sees its slot in the future.
+            earlier = min(now, self.config.clock.now())
+            wait = (row.execution_time - earlier).total_seconds()
+            execution.held = True
+            execution.task = _start(self._run_at(execution, wait), f"ekbatan:{execution.label}")
+            return
+        if self._begin(execution):
+            execution.task = _start(self._run(execution), f"ekbatan:{execution.label}")
+
+    def _begin(self, execution: Execution) -> bool:
+        """Decide the slot and report the start (False: the catch-up policy runs none, and
+        the row's next time is submitted)."""
         if not self._prepare(execution):
             self.running.returned()
             assert execution.plan is not None
             skipped = Finish(execution.owned, FinishKind.SKIPPED, execution.plan.next_time)
             self.submit(skipped, execution)
-            return
+            return False
         if self.observer.active:
+            row = execution.row
             lag = (execution.started - row.execution_time).total_seconds()
             self.observer.execution_started(row.task_name, row.task_instance, lag)
-        execution.task = _start(self._run(execution), f"ekbatan:{execution.label}")
+        return True
+
+    async def _run_at(self, execution: Execution, wait: float) -> None:
+        """A row claimed ``wait`` seconds before its time: run it then. Cancelled before it
+        starts (at a stop), it is released to run elsewhere."""
+        try:
+            await asyncio.sleep(wait)
+        except asyncio.CancelledError:
+            execution.held = False
+            self.running.returned()
+            self.submit(Finish(execution.owned, FinishKind.RELEASED), execution)
+            if self.state.stopping:
+                return
+            raise
+        execution.held = False
+        execution.started = self.link.now()
+        if self._begin(execution):
+            await self._run(execution)
 
     def _prepare(self, execution: Execution) -> bool:
         """Decide which slot the execution runs (False: its catch-up policy runs none)."""
@@ -316,7 +350,11 @@ class Executor:
     async def drain(self, wait: timedelta) -> None:
         """Shutdown's two phases: wait up to ``wait`` for the running executions; cancel the
         async ones and wait up to ``wait`` again; abandon what still runs (its row stays
-        picked and is revived as a dead execution)."""
+        picked and is revived as a dead execution). Rows claimed ahead that have not started
+        are released first, for another instance to run at their time."""
+        for execution in self.running:
+            if execution.held and execution.task is not None:
+                execution.task.cancel()
         tasks = {e.task for e in self.running if e.task is not None}
         if not tasks:
             return

@@ -84,12 +84,18 @@ class Poller:
                 self.strategy,
                 skip_paused=skip_paused,
                 lease=self.lease,
+                ahead=self.config.claim_ahead,
             )
         room = limit - len(result.claimed)
         if not self.limits or room <= 0:
             return result
         limited = await poll_limited(
-            self.tasks, self.limits, room, self.name, skip_paused=skip_paused
+            self.tasks,
+            self.limits,
+            room,
+            self.name,
+            skip_paused=skip_paused,
+            ahead=self.config.claim_ahead,
         )
         due = [d for d in (result.next_due, limited.next_due) if d is not None]
         return PollResult(
@@ -122,6 +128,7 @@ class Poller:
         backoff = Backoff(interval)
         contended = Backoff(interval, floor=_CONTENDED_FLOOR)
         clock = self.config.clock
+        ahead = self.config.claim_ahead
         while not self.state.stopping:
             limit = min(self.running.claim_limit(), CLAIM_CHUNK)
             if limit <= 0:
@@ -156,11 +163,13 @@ class Poller:
             # won some; sleeping now would leave a full table to the winners for a whole interval.
             if len(result.claimed) >= limit or result.more_due:
                 continue
-            if result.next_due is not None and result.next_due <= result.db_now:
+            if result.next_due is not None and result.next_due <= result.db_now + ahead:
                 # A due row this poll did not get: a peer's lock hid it, which is a claim in
                 # flight or only a peer's scan. Look again soon, backing off in case the lock
-                # is long held, rather than leave the slot to the next polling interval.
-                self.alarm.planned_due = result.db_now + timedelta(seconds=contended.next())
+                # is long held, rather than leave the slot to the next polling interval. (The
+                # alarm wakes ``claim_ahead`` before a planned due time.)
+                wait = timedelta(seconds=contended.next())
+                self.alarm.planned_due = result.db_now + ahead + wait
             else:
                 contended.reset()
                 self.alarm.planned_due = result.next_due

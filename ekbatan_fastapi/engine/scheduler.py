@@ -76,6 +76,14 @@ def _strategy(config: SchedulerConfig, store: Store) -> PollingStrategy:
     return strategy
 
 
+def _check_claim_ahead(config: SchedulerConfig, store: Store) -> None:
+    if config.claim_ahead and not store.tasks.supports_claim_ahead:
+        raise ConfigurationError(
+            f"claim_ahead ({config.claim_ahead.total_seconds():g} s) is not supported on the "
+            f"{store.dialect.name} dialect (PostgreSQL only); set it to 0 (PT0S)"
+        )
+
+
 class Scheduler:
     """Runs the registered jobs against one ``scheduled_tasks`` table."""
 
@@ -107,11 +115,12 @@ class Scheduler:
         }
         """Each job's timeout and concurrency limit (its own, or the settings' override)."""
         self.polling_strategy = _strategy(config, store)
+        _check_claim_ahead(config, store)
         self.batch_size = config.batch_size or max(50, 3 * len(self.jobs))
         self.observer = ObserverDispatch(config.observers, self.name)
         self.state = RunState()
         self.link = DatabaseLink(self.name, self.clock, self.observer, store.db.diagnose)
-        self.alarm = Alarm(self.link, lambda: self.state.stopping)
+        self.alarm = Alarm(self.link, lambda: self.state.stopping, config.claim_ahead)
         self.executions = RunningExecutions(self.batch_size, self.alarm.request_poll)
         self.recorder = HistoryRecorder(
             store.operations,

@@ -37,7 +37,7 @@ from pydantic_settings import (
 
 from ..domain.durations import parse_iso_duration
 from ..domain.errors import ConfigurationError
-from ..engine.config import DEFAULT_RESULTS_WAIT, MIN_MISSED_HEARTBEATS
+from ..engine.config import DEFAULT_RESULTS_WAIT, MAX_CLAIM_AHEAD, MIN_MISSED_HEARTBEATS
 from ..engine.logs import LOG_HANDLER_MODES
 from ..store.options import DEFAULT_IDLE_TRANSACTION_TIMEOUT, validate_pooler
 from .datasource import DataSourceConfig
@@ -154,6 +154,9 @@ class JobsSettings(SettingsSection):
     an older version never changes what a newer one wrote."""
     timeout_grace: IsoDuration | None = None
     """How long a timed-out async execution may clean up (default: one heartbeat interval)."""
+    claim_ahead: IsoDuration = timedelta(0)
+    """Claim rows due within this lead and start each at its time (``PT0.2S``; PostgreSQL;
+    ``PT0S``: only due rows, as db-scheduler)."""
     overrides: dict[str, JobOverrideSettings] = Field(default_factory=dict)
     """Per job (by name, spelled like any key: ``nightly-export`` = ``NIGHTLY_EXPORT``):
     ``timeout`` and ``max-concurrency`` that win over the job class's."""
@@ -197,6 +200,16 @@ class JobsSettings(SettingsSection):
     def _not_negative(cls, value: timedelta) -> timedelta:
         if value < timedelta(0):
             raise ValueError("must not be negative, e.g. PT10S (PT0S: leave the server's settings)")
+        return value
+
+    @field_validator("claim_ahead")
+    @classmethod
+    def _short_lead(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) <= value <= MAX_CLAIM_AHEAD:
+            raise ValueError(
+                f"must be from PT0S to PT{MAX_CLAIM_AHEAD.total_seconds():g}S, e.g. PT0.2S "
+                "(PT0S claims only due rows)"
+            )
         return value
 
     @field_validator(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select, tuple_, update
@@ -51,9 +51,11 @@ async def poll_limited(
     picked_by: str,
     *,
     skip_paused: bool,
+    ahead: timedelta = timedelta(0),
 ) -> PollResult:
     """Claim up to ``limit`` due rows of the limited jobs, none beyond a job's (or a key's)
-    limit; also the database's now and the earliest future due time of their rows."""
+    limit; also the database's now and the earliest future due time of their rows. ``ahead``:
+    as ``TaskStore.poll``'s (``claim_ahead``)."""
     db = tasks.db
     names = sorted(limits)
     async with db.connect(db.tx_engine) as conn:
@@ -63,8 +65,8 @@ async def poll_limited(
                 held = await take_locks(
                     conn, [f"{db.tables.table_name}:{n}" for n in names], seconds=_LOCK_WAIT
                 )
-                claimed = await _claim(tasks, conn, limits, limit, picked_by, skip_paused)
-                now, next_due = await _clock(tasks, conn, names, skip_paused)
+                claimed = await _claim(tasks, conn, limits, limit, picked_by, skip_paused, ahead)
+                now, next_due = await _clock(tasks, conn, names, skip_paused, ahead)
         finally:
             # MySQL's GET_LOCK belongs to the session, not the transaction: released only
             # after the claim committed, or the next instance would count the running rows
@@ -81,6 +83,7 @@ async def _claim(
     limit: int,
     picked_by: str,
     skip_paused: bool,
+    ahead: timedelta,
 ) -> list[TaskRow]:
     t = tasks.table
     names = list(limits)
@@ -93,7 +96,7 @@ async def _claim(
         running[name, limits[name].group(instance)] += 1
     due = (
         select(t.c.task_name, t.c.task_instance, t.c.version)
-        .where(*_wanted(tasks, names, skip_paused), t.c.execution_time <= tasks.db.now_expr())
+        .where(*_wanted(tasks, names, skip_paused), t.c.execution_time <= _due_by(tasks, ahead))
         .order_by(t.c.priority.desc(), t.c.execution_time.asc())
         .limit(limit * _OVERSCAN)
     )
@@ -132,6 +135,12 @@ async def _claim(
     ]
 
 
+def _due_by(tasks: TaskStore, ahead: timedelta) -> Any:
+    """The database's now, plus ``ahead`` where the dialect claims ahead."""
+    now = tasks.db.now_expr()
+    return now + ahead if ahead else now
+
+
 def _wanted(tasks: TaskStore, names: Sequence[str], skip_paused: bool) -> list[Any]:
     t = tasks.table
     wanted: list[Any] = [t.c.picked.is_(False), t.c.task_name.in_(list(names))]
@@ -142,15 +151,20 @@ def _wanted(tasks: TaskStore, names: Sequence[str], skip_paused: bool) -> list[A
 
 
 async def _clock(
-    tasks: TaskStore, conn: AsyncConnection, names: Sequence[str], skip_paused: bool
+    tasks: TaskStore,
+    conn: AsyncConnection,
+    names: Sequence[str],
+    skip_paused: bool,
+    ahead: timedelta,
 ) -> tuple[datetime, datetime | None]:
-    """The database's now and the earliest future due time of an unpicked limited row (due
-    rows left for want of room are not reported: the poller is woken when room frees)."""
+    """The database's now and the earliest due time after ``ahead`` of an unpicked limited
+    row (due rows left for want of room are not reported: the poller is woken when room
+    frees)."""
     t = tasks.table
     now = tasks.db.now_expr()
     earliest = (
         select(func.min(t.c.execution_time))
-        .where(*_wanted(tasks, names, skip_paused), t.c.execution_time > now)
+        .where(*_wanted(tasks, names, skip_paused), t.c.execution_time > _due_by(tasks, ahead))
         .scalar_subquery()
     )
     row = (await conn.execute(select(now, earliest))).one()

@@ -68,6 +68,8 @@ class TaskStore(abc.ABC):
     """True where ``listen`` can push "something became due" to every instance."""
     writes_history_with_finish: bool = False
     """True where ``finish`` can insert the execution history in the same statement."""
+    supports_claim_ahead: bool = False
+    """True where ``poll`` takes ``ahead`` (``claim_ahead``)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -339,6 +341,7 @@ class TaskStore(abc.ABC):
         *,
         skip_paused: bool = False,
         lease: Lease | None = None,
+        ahead: timedelta = timedelta(0),
     ) -> PollResult:
         """Claim up to ``limit`` due rows (``picked=false AND execution_time <= now()``,
         ``priority DESC, execution_time ASC``) of ``names`` for ``picked_by``; with
@@ -350,14 +353,32 @@ class TaskStore(abc.ABC):
         now and the earliest future ``execution_time`` of an unpicked row of ``names``; a
         dialect may return an earlier one when a due row was left unclaimed (a peer held its
         lock), and the scheduler then polls again soon.
+
+        ``ahead`` (``claim_ahead``, where ``supports_claim_ahead``): rows due up to that long
+        from now count as due, and the next due time is the earliest after that.
         """
+        if ahead and not self.supports_claim_ahead:
+            raise ValueError(f"{self.dialect_name} cannot claim rows ahead of their time")
+        ahead_ms = round(ahead.total_seconds() * 1000)
         if not probes.active:
             return await self._poll(
-                names, limit, picked_by, strategy, skip_paused=skip_paused, lease=lease
+                names,
+                limit,
+                picked_by,
+                strategy,
+                skip_paused=skip_paused,
+                lease=lease,
+                ahead_ms=ahead_ms,
             )
         started, began = time.time(), time.monotonic()
         result = await self._poll(
-            names, limit, picked_by, strategy, skip_paused=skip_paused, lease=lease
+            names,
+            limit,
+            picked_by,
+            strategy,
+            skip_paused=skip_paused,
+            lease=lease,
+            ahead_ms=ahead_ms,
         )
         probes.polled(result, started, time.monotonic() - began)
         return result
@@ -372,6 +393,7 @@ class TaskStore(abc.ABC):
         *,
         skip_paused: bool,
         lease: Lease | None,
+        ahead_ms: int = 0,
     ) -> PollResult:
         """``poll`` without the probes."""
 

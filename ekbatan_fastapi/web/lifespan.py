@@ -91,6 +91,7 @@ def build_registry(
         b.app_version(knobs.app_version)
         if knobs.timeout_grace is not None:
             b.timeout_grace(knobs.timeout_grace)
+        b.claim_ahead(knobs.claim_ahead)
         for key, override in knobs.overrides.items():
             b.job_override(
                 by_key[key], timeout=override.timeout, max_concurrency=override.max_concurrency

@@ -269,6 +269,7 @@ class MySQLTaskStore(TaskStore):
         *,
         skip_paused: bool,
         lease: Lease | None,
+        ahead_ms: int = 0,
     ) -> PollResult:
         """As the base says; ``next_due`` is None when the batch came back full (the poller
         polls again at once and does not read it). Lock-and-fetch runs on ``lease``'s

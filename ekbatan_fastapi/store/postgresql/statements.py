@@ -24,6 +24,7 @@ __all__ = [
     "RETURNING",
     "Statement",
     "claim",
+    "due_by",
     "fetch_candidates",
     "finish",
     "heartbeat",
@@ -89,6 +90,13 @@ _KNOWN = "known AS MATERIALIZED (SELECT unnest(CAST(CAST(:names AS text) AS text
 """The names of ``names_literal``, parsed once per statement."""
 
 
+def due_by(ahead_ms: int = 0) -> str:
+    """The time up to which a poll claims rows: ``now()``, or ``ahead_ms`` milliseconds later
+    (``claim_ahead``: rows claimed before their time start at it). A constant in the text, so
+    the default statements are those of a scheduler without a lead."""
+    return "now()" if ahead_ms <= 0 else f"(now() + interval '{int(ahead_ms)} milliseconds')"
+
+
 def _wanted(p: str | None) -> str:
     """The task names this instance polls for (``_KNOWN``), less the paused ones when ``p``
     is given. ``IS TRUE`` keeps the membership a hashed subplan, one hash probe per row read:
@@ -99,9 +107,9 @@ def _wanted(p: str | None) -> str:
     return f"{names} AND task_name NOT IN (SELECT task_name FROM {p})" if p else names
 
 
-def _next_due(t: str, wanted: str) -> str:
+def _next_due(t: str, wanted: str, due: str = "now()") -> str:
     return (
-        f"(SELECT min(execution_time) FROM {t} WHERE picked = false AND execution_time > now() "
+        f"(SELECT min(execution_time) FROM {t} WHERE picked = false AND execution_time > {due} "
         f"AND {wanted})"
     )
 
@@ -155,7 +163,7 @@ def window(limit: int, *, locking: bool) -> int:
     return 1 << (wanted - 1).bit_length()
 
 
-def _due_candidates(t: str, window: int) -> str:
+def _due_candidates(t: str, window: int, due: str = "now()") -> str:
     """``candidates``: per (name, priority), its first ``window`` due unpicked rows."""
     return f"""candidates AS MATERIALIZED (
     SELECT c.* FROM groups AS g
@@ -163,18 +171,18 @@ def _due_candidates(t: str, window: int) -> str:
         SELECT t.task_name, t.task_instance, t.priority, t.execution_time, t.version
         FROM {t} AS t
         WHERE ({_KEY}, {_PRIORITY}) >= (g.task_name, g.priority)
-          AND ({_KEY}, {_PRIORITY}, t.execution_time) <= (g.task_name, g.priority, now())
+          AND ({_KEY}, {_PRIORITY}, t.execution_time) <= (g.task_name, g.priority, {due})
           AND t.picked = false
         {_ORDER} LIMIT {window}
     ) AS c
 )"""
 
 
-def _next_due_by_group(t: str) -> str:
-    """The earliest future ``execution_time`` of an unpicked row of the known names."""
+def _next_due_by_group(t: str, due: str = "now()") -> str:
+    """The earliest ``execution_time`` after ``due`` of an unpicked row of the known names."""
     return f"""(SELECT min((
         SELECT t.execution_time FROM {t} AS t
-        WHERE ({_KEY}, {_PRIORITY}, t.execution_time) > (g.task_name, g.priority, now())
+        WHERE ({_KEY}, {_PRIORITY}, t.execution_time) > (g.task_name, g.priority, {due})
           AND ({_KEY}, {_PRIORITY}) <= (g.task_name, g.priority) AND t.picked = false
         {_ORDER} LIMIT 1
     )) FROM groups AS g)"""
@@ -199,7 +207,7 @@ locked version the statement's snapshot cannot see (a peer changed it just befor
 claimed, and is reported as skipped."""
 
 
-def lock_and_fetch(t: str, p: str | None, *, window: int | None = 128) -> str:
+def lock_and_fetch(t: str, p: str | None, *, window: int | None = 128, ahead_ms: int = 0) -> str:
     """Claim due rows in one statement (``FOR UPDATE SKIP LOCKED``). ``skipped`` is a due row
     this statement did not claim although the batch had room: another transaction held it
     locked (a peer's claim, or anybody's lock). It is reported as the next due time, which is
@@ -210,17 +218,19 @@ def lock_and_fetch(t: str, p: str | None, *, window: int | None = 128) -> str:
     ``_groups``): the candidates are the first ``window`` due rows of each (name, priority),
     locked one by one in claim order, skipping those a peer holds, until ``limit`` are claimed.
     Without, the due rows are read in claim order and those of the names kept (``MANY_NAMES``).
+    ``ahead_ms``: rows due up to that many milliseconds from now count as due (``due_by``).
     """
+    due = due_by(ahead_ms)
     if window is None:
-        return _lock_and_fetch_scan(t, p)
+        return _lock_and_fetch_scan(t, p, due)
     return f"""
-WITH RECURSIVE {_groups(p, t)}, {_due_candidates(t, window)}, due AS (
+WITH RECURSIVE {_groups(p, t)}, {_due_candidates(t, window, due)}, due AS (
     SELECT x.ctid
     FROM (SELECT * FROM candidates ORDER BY priority DESC, execution_time) AS c
     CROSS JOIN LATERAL (
         SELECT t.ctid FROM {t} AS t
         WHERE t.task_name = c.task_name AND t.task_instance = c.task_instance
-          AND t.picked = false AND t.execution_time <= now()
+          AND t.picked = false AND t.execution_time <= {due}
         FOR UPDATE SKIP LOCKED
     ) AS x
     ORDER BY c.priority DESC, c.execution_time
@@ -228,7 +238,7 @@ WITH RECURSIVE {_groups(p, t)}, {_due_candidates(t, window)}, due AS (
 ), {_CLAIMED.format(t=t, returning=RETURNING)}
 SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due)
 FROM (
-    SELECT now() AS db_now, {_next_due_by_group(t)} AS next_due,
+    SELECT now() AS db_now, {_next_due_by_group(t, due)} AS next_due,
         CASE WHEN (SELECT count(*) FROM claimed) < :limit THEN (
             SELECT min(execution_time) FROM candidates
             WHERE (task_name, task_instance) NOT IN (SELECT task_name, task_instance FROM claimed)
@@ -238,22 +248,22 @@ LEFT JOIN claimed AS c ON true
 """
 
 
-def _lock_and_fetch_scan(t: str, p: str | None) -> str:
+def _lock_and_fetch_scan(t: str, p: str | None, due: str) -> str:
     wanted = _wanted(p)
     return f"""
 WITH {_KNOWN}, due AS (
     SELECT ctid FROM {t}
-    WHERE picked = false AND execution_time <= now() AND {wanted}
+    WHERE picked = false AND execution_time <= {due} AND {wanted}
     ORDER BY priority DESC, execution_time ASC
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), {_CLAIMED.format(t=t, returning=RETURNING)}
 SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due)
 FROM (
-    SELECT now() AS db_now, {_next_due(t, wanted)} AS next_due,
+    SELECT now() AS db_now, {_next_due(t, wanted, due)} AS next_due,
         CASE WHEN (SELECT count(*) FROM claimed) < :limit THEN (
             SELECT min(execution_time) FROM {t}
-            WHERE picked = false AND execution_time <= now() AND {wanted}
+            WHERE picked = false AND execution_time <= {due} AND {wanted}
               AND (task_name, task_instance) NOT IN (SELECT task_name, task_instance FROM claimed)
         ) END AS skipped
 ) AS x
@@ -261,14 +271,15 @@ LEFT JOIN claimed AS c ON true
 """
 
 
-def fetch_candidates(t: str, p: str | None, *, window: int | None = 64) -> str:
+def fetch_candidates(t: str, p: str | None, *, window: int | None = 64, ahead_ms: int = 0) -> str:
     """Fetch, step 1 (no locks): the clock, the next due time and the candidates (by name
-    with a ``window``, as ``lock_and_fetch``)."""
+    with a ``window``, as ``lock_and_fetch``; ``ahead_ms`` as there)."""
+    due = due_by(ahead_ms)
     if window is not None:
         return f"""
-WITH RECURSIVE {_groups(p, t)}, {_due_candidates(t, window)}
+WITH RECURSIVE {_groups(p, t)}, {_due_candidates(t, window, due)}
 SELECT c.task_name, c.task_instance, c.version, x.db_now, x.next_due
-FROM (SELECT now() AS db_now, {_next_due_by_group(t)} AS next_due) AS x
+FROM (SELECT now() AS db_now, {_next_due_by_group(t, due)} AS next_due) AS x
 LEFT JOIN LATERAL (
     SELECT * FROM candidates ORDER BY priority DESC, execution_time LIMIT :limit
 ) AS c ON true
@@ -277,10 +288,10 @@ LEFT JOIN LATERAL (
     return f"""
 WITH {_KNOWN}
 SELECT c.*, x.db_now, x.next_due
-FROM (SELECT now() AS db_now, {_next_due(t, wanted)} AS next_due) AS x
+FROM (SELECT now() AS db_now, {_next_due(t, wanted, due)} AS next_due) AS x
 LEFT JOIN LATERAL (
     SELECT task_name, task_instance, version FROM {t}
-    WHERE picked = false AND execution_time <= now() AND {wanted}
+    WHERE picked = false AND execution_time <= {due} AND {wanted}
     ORDER BY priority DESC, execution_time ASC
     LIMIT :limit
 ) AS c ON true

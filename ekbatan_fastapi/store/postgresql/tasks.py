@@ -107,6 +107,7 @@ class PostgresTaskStore(TaskStore):
     supports_skip_locked = True
     supports_notify = True
     writes_history_with_finish = True
+    supports_claim_ahead = True
 
     def __init__(self, db: PostgresDatabase) -> None:
         super().__init__(db)
@@ -115,8 +116,9 @@ class PostgresTaskStore(TaskStore):
         h = db.quoted(tables.history)
         p = db.quoted(tables.paused)
         self._t, self._p = t, p
-        self._poll_sql: dict[tuple[PollingStrategy, bool, int | None], q.Statement] = {}
-        """The poll statements, made on first use: by strategy, ``skip_paused`` and window."""
+        self._poll_sql: dict[tuple[PollingStrategy, bool, int | None, int], q.Statement] = {}
+        """The poll statements, made on first use: by strategy, ``skip_paused``, window and
+        lead (``claim_ahead`` in milliseconds)."""
         self._claim = q.Statement("claim", q.claim(t))
         self._finish_sql = q.Statement("finish", q.finish(t))
         self._finish_history = {
@@ -136,17 +138,21 @@ class PostgresTaskStore(TaskStore):
         """The LISTEN/NOTIFY channel of this table."""
 
     def _poll_statement(
-        self, strategy: PollingStrategy, skip_paused: bool, names: int, limit: int
+        self,
+        strategy: PollingStrategy,
+        skip_paused: bool,
+        names: int,
+        limit: int,
+        ahead_ms: int = 0,
     ) -> q.Statement:
         locking = strategy == PollingStrategy.LOCK_AND_FETCH
         window = q.window(limit, locking=locking) if names < q.MANY_NAMES else None
-        key = (strategy, skip_paused, window)
+        key = (strategy, skip_paused, window, ahead_ms)
         stmt = self._poll_sql.get(key)
         if stmt is None:
             make = q.lock_and_fetch if locking else q.fetch_candidates
-            stmt = q.Statement(
-                "poll", make(self._t, self._p if skip_paused else None, window=window)
-            )
+            p = self._p if skip_paused else None
+            stmt = q.Statement("poll", make(self._t, p, window=window, ahead_ms=ahead_ms))
             self._poll_sql[key] = stmt
         return stmt
 
@@ -274,10 +280,11 @@ class PostgresTaskStore(TaskStore):
         *,
         skip_paused: bool,
         lease: Lease | None,
+        ahead_ms: int = 0,
     ) -> PollResult:
         params: dict[str, Any] = {"limit": limit, "picked_by": picked_by}
         params["names"] = self._names_literal(names) if len(names) >= q.MANY_NAMES else names
-        poll = self._poll_statement(strategy, skip_paused, len(names), limit)
+        poll = self._poll_statement(strategy, skip_paused, len(names), limit, ahead_ms)
         if strategy == PollingStrategy.LOCK_AND_FETCH:
             rows = await self._fetch(poll, params, lease)
             claimed = [_task_row(r) for r in rows if r[0] is not None]

@@ -1,0 +1,176 @@
+"""``claim_ahead``: rows due within the lead are claimed before their time and each starts at
+its own time (PostgreSQL); a stop releases the rows it holds that have not started; a bad
+value, or a dialect without it, is refused with the value and the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ekbatan_fastapi import ExecutionContext, OneTimeJob, scheduled_tasks
+from ekbatan_fastapi.domain.errors import ConfigurationError
+from ekbatan_fastapi.domain.rows import PollingStrategy
+from ekbatan_fastapi.engine.config import SchedulerConfig
+from ekbatan_fastapi.settings import EkbatanSettings
+from ekbatan_fastapi.store.dialects import open_store
+
+from .helpers import RegistryFactory, db_now, wait_until
+
+T = scheduled_tasks
+
+
+class StampJob(OneTimeJob):
+    """Records when each instance started, by this machine's clock."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, tuple[datetime, datetime]] = {}
+
+    def name(self) -> str:
+        return "stamp"
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        self.started[ctx.task_instance] = (datetime.now(UTC), ctx.execution_time)
+
+
+def _ahead(seconds: float) -> object:
+    lead = timedelta(seconds=seconds)
+    return lambda b: b.claim_ahead(lead)
+
+
+async def _picked(engine: AsyncEngine, instance: str) -> bool:
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(select(T.c.picked).where(T.c.task_instance == instance))
+        ).one_or_none()
+    return bool(row and row.picked)
+
+
+# -- settings and validation ---------------------------------------------------------------
+
+
+def test_the_setting_takes_an_iso_duration_and_defaults_to_zero() -> None:
+    assert EkbatanSettings().jobs.claim_ahead == timedelta(0)
+    assert EkbatanSettings(jobs={"claim-ahead": "PT0.2S"}).jobs.claim_ahead == timedelta(
+        milliseconds=200
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "says"), [("PT11S", "PT0S to PT10S"), ("-PT1S", "negative duration")]
+)
+def test_a_lead_out_of_range_is_refused_with_the_range(value: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=rf"claim-ahead.*{says}"):
+        EkbatanSettings(jobs={"claim-ahead": value})
+
+
+@pytest.mark.parametrize("value", [timedelta(seconds=-1), timedelta(seconds=11), 0.2])
+def test_the_scheduler_config_refuses_a_bad_lead(value: object) -> None:
+    config = SchedulerConfig(claim_ahead=value)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"claim_ahead must be a timedelta from 0 to 10"):
+        config.validate()
+
+
+async def test_mysql_refuses_a_lead_naming_the_fix(mysql_server_url: str) -> None:
+    registries = RegistryFactory(mysql_server_url)
+    with pytest.raises(ConfigurationError, match=r"claim_ahead .*mysql.*PostgreSQL only.*PT0S"):
+        registries.build(StampJob(), customize=_ahead(0.2))  # refused when built, not started
+    assert registries.made == []
+
+
+# -- the poll statement ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", list(PollingStrategy))
+async def test_a_poll_with_a_lead_claims_what_comes_due_within_it(
+    engine: AsyncEngine, strategy: PollingStrategy
+) -> None:
+    tasks = open_store(engine, "postgresql").tasks
+    now = await db_now(engine)
+    soon, later = now + timedelta(seconds=5), now + timedelta(seconds=30)
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(T),
+            [
+                {"task_name": "stamp", "task_instance": i, "execution_time": at}
+                | {"picked": False, "version": 1, "priority": 0}
+                for i, at in (("soon", soon), ("later", later))
+            ],
+        )
+    plain = await tasks.poll(["stamp"], 50, "me", strategy)
+    assert plain.claimed == [] and plain.next_due == soon
+    ahead = await tasks.poll(["stamp"], 50, "me", strategy, ahead=timedelta(seconds=10))
+    assert [r.task_instance for r in ahead.claimed] == ["soon"]
+    assert ahead.claimed[0].picked_by == "me"
+    # the next due time is the first one beyond the lead's reach
+    assert ahead.next_due == later
+
+
+# -- the scheduler -------------------------------------------------------------------------------
+
+
+async def test_a_row_is_claimed_before_its_time_and_starts_at_it(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    job = StampJob()
+    registry = await registries.start(job, poll=5.0, customize=_ahead(1.0))
+    at = await db_now(engine) + timedelta(seconds=0.7)
+    await registry.client.schedule("stamp", "one", at)
+    # claimed (picked) while its time is still ahead, but not run yet
+    await wait_until(lambda: _picked(engine, "one"), 5, "the row claimed ahead")
+    claimed_at = await db_now(engine)
+    assert claimed_at < at and "one" not in job.started
+    await wait_until(lambda: "one" in job.started, 5, "the execution")
+    started, slot = job.started["one"]
+    assert slot == at
+    assert started >= at, f"started {at - started} before its time"
+
+    async def deleted() -> bool:
+        async with engine.connect() as conn:
+            found = await conn.execute(select(T).where(T.c.task_instance == "one"))
+            return found.first() is None
+
+    await wait_until(deleted, 5, "the one-time row deleted once it succeeded")
+
+
+async def test_a_stop_releases_the_rows_it_claimed_ahead_without_running_them(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    job = StampJob()
+    registry = await registries.start(job, poll=5.0, shutdown=30.0, customize=_ahead(8.0))
+    at = await db_now(engine) + timedelta(seconds=6)
+    await registry.client.schedule("stamp", "held", at)
+    await wait_until(lambda: _picked(engine, "held"), 5, "the row claimed ahead")
+    began = time.monotonic()
+    await registry.stop()
+    assert time.monotonic() - began < 5, "the stop waited for a row that had not started"
+    assert job.started == {}
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(T).where(T.c.task_instance == "held"))).one()
+    assert not row.picked and row.picked_by is None
+    assert row.execution_time == at  # released at its own time, for another instance
+
+
+async def test_two_instances_claiming_ahead_run_each_slot_once(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    jobs = [StampJob(), StampJob()]
+    for job in jobs:
+        await registries.start(job, poll=5.0, customize=_ahead(0.5))
+    now = await db_now(engine)
+    at = [now + timedelta(milliseconds=300 + 10 * i) for i in range(40)]
+    client = registries.made[0].client
+    for i, when in enumerate(at):
+        await client.schedule("stamp", f"i{i}", when)
+    await wait_until(lambda: sum(len(j.started) for j in jobs) >= 40, 10, "40 executions")
+    await asyncio.sleep(0.2)
+    ran = [set(j.started) for j in jobs]
+    assert not ran[0] & ran[1], "an instance ran twice"
+    assert ran[0] | ran[1] == {f"i{i}" for i in range(40)}
+    for job in jobs:
+        for started, slot in job.started.values():
+            assert started >= slot
