@@ -233,17 +233,14 @@ async def test_heartbeat_answers_which_rows_are_still_owned(
 async def test_a_row_another_transaction_holds_does_not_stop_the_other_heartbeats(
     repo: TaskStore, any_database: Database, any_engine: AsyncEngine
 ) -> None:
-    """A peer's transaction that hangs while it holds one of our rows locked (on MariaDB, a
-    claim orphaned by a partition keeps every row its scan locked, ours included): the other
-    rows still get their heartbeats, at once, and the held one is still ours. A plain UPDATE
-    waited for the lock, every row of the instance missed its heartbeats and the peers
-    revived them (the chaos scenario mariadb-orphan). MySQL 5 has no SKIP LOCKED: there the
-    update waits, bounded by the session's lock wait. PostgreSQL's statements hold no lock
-    past their own statement (a claim is one statement) except a stale execution's
-    ``ctx.transaction()``, whose row nobody else can own meanwhile (revival skips locked
-    rows): its heartbeat stays one plain UPDATE."""
-    if not is_mysql(any_engine):
-        pytest.skip("PostgreSQL: no transaction of ours holds a row another instance owns")
+    """A transaction that holds one of our rows locked (on MariaDB, a claim orphaned by a
+    partition keeps every row its scan locked, ours included; on either database, this
+    instance's own completion of that row): the other rows still get their heartbeats, at
+    once, and the held one is still ours. A plain UPDATE waited for the lock: on MariaDB every
+    row of the instance missed its heartbeats and the peers revived them (the chaos scenario
+    mariadb-orphan); on PostgreSQL it deadlocked with a completion that locks the same rows in
+    another order, and the completion waited 1 s (``deadlock_timeout``). MySQL 5 has no SKIP
+    LOCKED: there the update waits, bounded by the session's lock wait."""
     if not repo.supports_skip_locked:
         pytest.skip("no SKIP LOCKED before MySQL 8")
     keys = await _due_rows(any_engine, "hb", 2)

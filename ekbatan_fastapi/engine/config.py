@@ -81,7 +81,7 @@ class SchedulerConfig:
     claim_ahead: timedelta = timedelta(0)
     """Claim rows that come due within this lead, and start each at its own time: when many
     come due together, the claims are made before the slot instead of after it (PostgreSQL;
-    0: claim only due rows, as db-scheduler does). docs/scheduling.md, "Claiming ahead"."""
+    0: claim only due rows, as db-scheduler does). docs/schedules.md, "Claiming ahead"."""
 
     @property
     def grace(self) -> timedelta:

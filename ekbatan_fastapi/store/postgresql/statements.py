@@ -412,13 +412,32 @@ def _finish_history(h: str, *, retry: bool, same_keys: bool) -> str:
 
 
 def heartbeat(t: str) -> str:
+    """Set ``last_heartbeat`` on the owned rows nobody else holds locked (``SKIP LOCKED``);
+    answer which rows are still ours (at the owned version, picked), beaten or not. A row held
+    is being written by this instance's completion (its result is being recorded), by the
+    execution's own ``ctx.transaction()``, or by a transaction that hangs; it is beaten at the
+    next round (revival skips locked rows too). Waiting for it instead deadlocked with a
+    completion of the same rows, which locks them in another order: PostgreSQL broke the
+    cycle after ``deadlock_timeout`` (1 s) by failing the heartbeat, and the completion had
+    waited all that time (docs/BENCHMARKS.md, the same-second burst, round 5)."""
     return f"""
-UPDATE {t} AS t SET last_heartbeat = now()
-FROM unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[]))
-    AS d(task_name, task_instance, version)
-WHERE t.task_name = d.task_name AND t.task_instance = d.task_instance
-  AND t.version = d.version AND t.picked = true
-RETURNING t.task_name, t.task_instance
+WITH d AS (
+    SELECT * FROM unnest(
+        CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[])
+    ) AS d(task_name, task_instance, version)
+), owned AS MATERIALIZED (
+    SELECT t.ctid, t.task_name, t.task_instance FROM {t} AS t
+    JOIN d ON t.task_name = d.task_name AND t.task_instance = d.task_instance
+    WHERE t.version = d.version AND t.picked = true
+), beating AS (
+    SELECT t.ctid FROM {t} AS t
+    WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM owned)) AND t.picked = true
+    FOR UPDATE OF t SKIP LOCKED
+), beat AS (
+    UPDATE {t} AS t SET last_heartbeat = now()
+    WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM beating))
+)
+SELECT task_name, task_instance FROM owned
 """
 
 
