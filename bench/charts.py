@@ -199,12 +199,15 @@ _COST_PANELS = (
 
 def cost_chart(results: dict[str, Any], out: Path) -> Path | None:
     """A file of ``{"cost": {panel: {"goal": g, "runs": [{"label", "value"}]}}}``: one bar
-    panel per figure of issue #17's targets, with the goal as a line."""
+    panel per figure of issue #17's targets, with the goal as a line; drawn to the file's
+    ``"chart"`` name (default ``cost-round2.png``)."""
     cost = results.get("cost")
     if not isinstance(cost, dict):
         return None
     panels = [(key, title, goal) for key, title, goal in _COST_PANELS if key in cost]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4))
+    bars_most = max(len(cost[key]["runs"]) for key, _, _ in panels)
+    width = max(4.2, 0.95 * bars_most)  # per panel: room for each bar's two-line label
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 4.4))
     grid = list(getattr(axes, "flat", [axes]))
     for ax, (key, title, goal_text) in zip(grid, panels, strict=True):
         runs, goal = cost[key]["runs"], cost[key]["goal"]
@@ -216,7 +219,7 @@ def cost_chart(results: dict[str, Any], out: Path) -> Path | None:
         ax.set_xticklabels([r["label"] for r in runs], fontsize=6)
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    path = out / "cost-round2.png"
+    path = out / str(results.get("chart", "cost-round2.png"))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
