@@ -68,13 +68,17 @@ def test_lag_analysis_counts_duplicates_and_skipped_slots() -> None:
     assert result.max_ms == pytest.approx(500.0)
 
 
-async def test_slot_lag_harness_runs_two_processes(server: common.ServerInfo) -> None:
-    run = await slot_lag.run_ours(server, processes=2, jobs=2, duration=2.0, warmup=1.0)
+@pytest.mark.parametrize("ahead", [False, True], ids=["defaults", "claim-ahead-gc-freeze"])
+async def test_slot_lag_harness_runs_two_processes(server: common.ServerInfo, ahead: bool) -> None:
+    options: dict[str, Any] = {"claim_ahead": 0.2, "gc_freeze": True} if ahead else {}
+    run = await slot_lag.run_ours(server, processes=2, jobs=2, duration=2.0, warmup=1.0, **options)
     assert not run.errors, run.errors
     assert run.result is not None
     assert run.result.executions > 0
     assert run.result.duplicates == 0
-    assert "ekbatan-fastapi" in slot_lag.format_table([run])
+    table = slot_lag.format_table([run])
+    assert "ekbatan-fastapi" in table
+    assert ("claim_ahead PT0.2S, gc.freeze()" in table) is ahead
 
 
 async def test_failover_harness_measures_a_restart(server: common.ServerInfo) -> None:
