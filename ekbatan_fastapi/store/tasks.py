@@ -359,27 +359,19 @@ class TaskStore(abc.ABC):
         """
         if ahead and not self.supports_claim_ahead:
             raise ValueError(f"{self.dialect_name} cannot claim rows ahead of their time")
-        ahead_ms = round(ahead.total_seconds() * 1000)
-        if not probes.active:
-            return await self._poll(
-                names,
-                limit,
-                picked_by,
-                strategy,
-                skip_paused=skip_paused,
-                lease=lease,
-                ahead_ms=ahead_ms,
-            )
-        started, began = time.time(), time.monotonic()
-        result = await self._poll(
+        poll = self._poll(
             names,
             limit,
             picked_by,
             strategy,
             skip_paused=skip_paused,
             lease=lease,
-            ahead_ms=ahead_ms,
+            ahead_ms=round(ahead.total_seconds() * 1000),
         )
+        if not probes.active:
+            return await poll
+        started, began = time.time(), time.monotonic()
+        result = await poll
         probes.polled(result, started, time.monotonic() - began)
         return result
 
