@@ -358,7 +358,10 @@ class TaskStore(abc.ABC):
         from now count as due, and the next due time is the earliest after that.
         """
         if ahead and not self.supports_claim_ahead:
-            raise ValueError(f"{self.dialect_name} cannot claim rows ahead of their time")
+            raise ValueError(
+                f"{self.dialect_name} cannot claim rows ahead of their time (ahead={ahead}); "
+                "pass ahead=timedelta(0) (claim_ahead is PostgreSQL only)"
+            )
         poll = self._poll(
             names,
             limit,
