@@ -1,4 +1,6 @@
-"""Every PostgreSQL statement of the library, in one place to review.
+"""The PostgreSQL statements of the library: the claim and the completion here, the
+heartbeat, revival and scheduling in ``upkeep.py``; the two modules are every statement the
+dialect sends, in one place to review.
 
 Each statement is a function of the quoted table names it reads (``t``: ``scheduled_tasks``,
 ``h``: the history, ``p``: the paused tasks), so the text is built once per store. Bound
@@ -20,6 +22,7 @@ from ...domain.rows import FinishKind
 
 __all__ = [
     "HISTORY_PARAMS",
+    "KNOWN",
     "MANY_NAMES",
     "RETURNING",
     "Statement",
@@ -27,13 +30,9 @@ __all__ = [
     "due_by",
     "fetch_candidates",
     "finish",
-    "heartbeat",
-    "insert_missing",
     "lock_and_fetch",
     "names_literal",
-    "notify",
-    "revive_dead",
-    "upsert",
+    "wanted_names",
     "window",
 ]
 
@@ -86,7 +85,7 @@ def names_literal(names: Iterable[str]) -> str:
     return "{" + ",".join(quoted) + "}"
 
 
-_KNOWN = "known AS MATERIALIZED (SELECT unnest(CAST(CAST(:names AS text) AS text[])) AS name)"
+KNOWN = "known AS MATERIALIZED (SELECT unnest(CAST(CAST(:names AS text) AS text[])) AS name)"
 """The names of ``names_literal``, parsed once per statement."""
 
 
@@ -97,8 +96,8 @@ def due_by(ahead_ms: int = 0) -> str:
     return "now()" if ahead_ms <= 0 else f"(now() + interval '{int(ahead_ms)} milliseconds')"
 
 
-def _wanted(p: str | None) -> str:
-    """The task names this instance polls for (``_KNOWN``), less the paused ones when ``p``
+def wanted_names(p: str | None) -> str:
+    """The task names this instance polls for (``KNOWN``), less the paused ones when ``p``
     is given. ``IS TRUE`` keeps the membership a hashed subplan, one hash probe per row read:
     as a join it could be planned as a loop over the names, and ``= ANY`` of the array would
     be searched linearly in a generic plan and estimated name by name at every custom one
@@ -249,9 +248,9 @@ LEFT JOIN claimed AS c ON true
 
 
 def _lock_and_fetch_scan(t: str, p: str | None, due: str) -> str:
-    wanted = _wanted(p)
+    wanted = wanted_names(p)
     return f"""
-WITH {_KNOWN}, due AS (
+WITH {KNOWN}, due AS (
     SELECT ctid FROM {t}
     WHERE picked = false AND execution_time <= {due} AND {wanted}
     ORDER BY priority DESC, execution_time ASC
@@ -284,9 +283,9 @@ LEFT JOIN LATERAL (
     SELECT * FROM candidates ORDER BY priority DESC, execution_time LIMIT :limit
 ) AS c ON true
 """
-    wanted = _wanted(p)
+    wanted = wanted_names(p)
     return f"""
-WITH {_KNOWN}
+WITH {KNOWN}
 SELECT c.*, x.db_now, x.next_due
 FROM (SELECT now() AS db_now, {_next_due(t, wanted, due)} AS next_due) AS x
 LEFT JOIN LATERAL (
@@ -409,119 +408,3 @@ def _finish_history(h: str, *, retry: bool, same_keys: bool) -> str:
     LEFT JOIN done ON done.task_name = e.task_name AND done.task_instance = e.task_instance
         AND done.version = e.version{unwritten}
 )"""
-
-
-def heartbeat(t: str) -> str:
-    """Set ``last_heartbeat`` on the owned rows nobody else holds locked (``SKIP LOCKED``);
-    answer which rows are still ours (at the owned version, picked), beaten or not. A row held
-    is being written by this instance's completion (its result is being recorded), by the
-    execution's own ``ctx.transaction()``, or by a transaction that hangs; it is beaten at the
-    next round (revival skips locked rows too). Waiting for it instead deadlocked with a
-    completion of the same rows, which locks them in another order: PostgreSQL broke the
-    cycle after ``deadlock_timeout`` (1 s) by failing the heartbeat, and the completion had
-    waited all that time (docs/BENCHMARKS.md, the same-second burst, round 5)."""
-    return f"""
-WITH d AS (
-    SELECT * FROM unnest(
-        CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[])
-    ) AS d(task_name, task_instance, version)
-), owned AS MATERIALIZED (
-    SELECT t.ctid, t.task_name, t.task_instance FROM {t} AS t
-    JOIN d ON t.task_name = d.task_name AND t.task_instance = d.task_instance
-    WHERE t.version = d.version AND t.picked = true
-), beating AS (
-    SELECT t.ctid FROM {t} AS t
-    WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM owned)) AND t.picked = true
-    FOR UPDATE OF t SKIP LOCKED
-), beat AS (
-    UPDATE {t} AS t SET last_heartbeat = now()
-    WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM beating))
-)
-SELECT task_name, task_instance FROM owned
-"""
-
-
-def revive_dead(t: str) -> str:
-    """Revive dead executions, and answer when the next picked row would die if its heartbeats
-    stopped now: the housekeeper looks again then, instead of at its next round (failover
-    within milliseconds of the dead window, not up to one heartbeat interval later). The
-    names come as one ``names_literal`` (made once per list of names), parsed once per
-    statement, and are checked with one hash probe per picked row (``_wanted``): an array
-    parameter would be encoded and checked name by name by asyncpg at every round (54 ms of
-    client CPU for 100,000 names), and ``= ANY`` of it estimated name by name when planned."""
-    names = _wanted(None)
-    return f"""
-WITH {_KNOWN}, dead AS (
-    SELECT task_name, task_instance, picked_by, last_heartbeat FROM {t}
-    WHERE picked = true AND {names}
-      AND (last_heartbeat IS NULL OR last_heartbeat < now() - CAST(:dead_after AS interval))
-    ORDER BY task_name, task_instance
-    FOR UPDATE SKIP LOCKED
-), revived AS (
-    UPDATE {t} AS t
-    SET picked = false, picked_by = NULL, last_heartbeat = NULL, version = t.version + 1
-    FROM dead
-    WHERE t.task_name = dead.task_name AND t.task_instance = dead.task_instance
-    RETURNING t.task_name, t.task_instance, t.task_data, t.execution_time, true AS picked,
-        dead.picked_by, t.last_success, t.last_failure, t.consecutive_failures,
-        dead.last_heartbeat, t.version - 1 AS version, t.priority
-)
-SELECT r.*, w.next_death
-FROM (
-    SELECT min(last_heartbeat) + CAST(:dead_after AS interval) AS next_death FROM {t}
-    WHERE picked = true AND {names}
-      AND last_heartbeat >= now() - CAST(:dead_after AS interval)
-) AS w
-LEFT JOIN revived AS r ON true
-"""
-
-
-# -- scheduling ------------------------------------------------------------------------------------
-
-
-def insert_missing(t: str) -> str:
-    """Insert the rows that do not exist. The ``NOT EXISTS`` reads the committed rows without
-    waiting: ``ON CONFLICT`` alone would wait for a transaction that holds an existing row
-    locked (a stopped process between its ``ctx.transaction()`` completion and its commit),
-    and startup with it; it stays for the race with a peer inserting the same key."""
-    return f"""
-INSERT INTO {t} (task_name, task_instance, task_data, execution_time, picked, version, priority)
-SELECT d.task_name, d.task_instance, d.task_data, COALESCE(d.execution_time, now()), false, 1,
-       d.priority
-FROM unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:datas AS bytea[]),
-            CAST(:times AS timestamptz[]), CAST(:priorities AS smallint[]))
-    AS d(task_name, task_instance, task_data, execution_time, priority)
-WHERE NOT EXISTS (
-    SELECT 1 FROM {t} AS e WHERE e.task_name = d.task_name AND e.task_instance = d.task_instance
-)
-ON CONFLICT (task_name, task_instance) DO NOTHING
-RETURNING task_name, task_instance
-"""
-
-
-def upsert(t: str, *, replace: bool) -> str:
-    """Insert one row (or, with ``replace``, move an unpicked existing one), and notify the
-    listeners. The notification is sent at commit, so listeners never see a row that is not
-    there yet."""
-    action = (
-        """UPDATE SET execution_time = EXCLUDED.execution_time, task_data = EXCLUDED.task_data,
-    priority = EXCLUDED.priority, version = t.version + 1 WHERE t.picked = false"""
-        if replace
-        else "NOTHING"
-    )
-    return f"""
-WITH written AS (
-    INSERT INTO {t} AS t (task_name, task_instance, task_data, execution_time, picked, version,
-                          priority)
-    VALUES (:name, :instance, :data, COALESCE(CAST(:time AS timestamptz), now()), false, 1,
-            :priority)
-    ON CONFLICT (task_name, task_instance) DO {action}
-    RETURNING t.task_name, t.execution_time
-)
-SELECT task_name, pg_notify(:channel, CAST(extract(epoch FROM execution_time) AS text))
-FROM written
-"""
-
-
-def notify() -> str:
-    return "SELECT pg_notify(:channel, :payload)"

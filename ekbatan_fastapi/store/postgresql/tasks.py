@@ -33,6 +33,7 @@ from ..lease import Lease, discard_connection
 from ..probe import probes
 from ..tasks import HistoryTableMissing, HistoryUnwritable, TaskStore
 from . import statements as q
+from . import upkeep as u
 from .database import PostgresDatabase, sqlstate
 
 __all__ = ["PostgresTaskStore"]
@@ -126,11 +127,11 @@ class PostgresTaskStore(TaskStore):
             for retry in (False, True)
             for same in (False, True)
         }
-        self._heartbeat = q.Statement("heartbeat", q.heartbeat(t))
-        self._revive_sql = text(q.revive_dead(t))
-        self._insert_missing = text(q.insert_missing(t))
-        self._upsert = {replace: text(q.upsert(t, replace=replace)) for replace in (False, True)}
-        self._notify = text(q.notify())
+        self._heartbeat = q.Statement("heartbeat", u.heartbeat(t))
+        self._revive_sql = text(u.revive_dead(t))
+        self._insert_missing = text(u.insert_missing(t))
+        self._upsert = {replace: text(u.upsert(t, replace=replace)) for replace in (False, True)}
+        self._notify = text(u.notify())
         self._literals: dict[str, tuple[tuple[str, ...], str]] = {}
         """Per statement (``poll``, ``revive``): the last names it was sent, and their
         ``names_literal`` (made once, not per statement)."""
