@@ -141,7 +141,7 @@ class SchedulerBuilder:
 
     def claim_ahead(self, value: timedelta) -> SchedulerBuilder:
         """Claim rows that come due within ``value`` and start each at its own time (default
-        0; PostgreSQL): for many jobs due in the same second (docs/schedules.md)."""
+        0): for many jobs due in the same second (docs/schedules.md)."""
         self.config.claim_ahead = value
         return self
 

@@ -1,5 +1,5 @@
 """``claim_ahead``: rows due within the lead are claimed before their time and each starts at
-its own time (PostgreSQL); a stop releases the rows it holds that have not started; a bad
+its own time (every dialect); a stop releases the rows it holds that have not started; a bad
 value, or a dialect without it, is refused with the value and the fix."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from ekbatan_fastapi.domain.rows import PollingStrategy
 from ekbatan_fastapi.engine.config import SchedulerConfig
 from ekbatan_fastapi.settings import EkbatanSettings
 from ekbatan_fastapi.store.dialects import open_store
+from ekbatan_fastapi.store.postgresql.tasks import PostgresTaskStore
 
+from .conftest import Database
 from .helpers import RegistryFactory, db_now, wait_until
 
 T = scheduled_tasks
@@ -75,24 +77,39 @@ def test_the_scheduler_config_refuses_a_bad_lead(value: object) -> None:
         config.validate()
 
 
-async def test_mysql_refuses_a_lead_naming_the_fix(mysql_server_url: str) -> None:
-    registries = RegistryFactory(mysql_server_url)
-    with pytest.raises(ConfigurationError, match=r"claim_ahead .*mysql.*PostgreSQL only.*PT0S"):
+def test_a_dialect_that_cannot_claim_ahead_refuses_a_lead_naming_the_fix(
+    registries: RegistryFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every built-in dialect claims ahead: a third-party task store without it is refused
+    monkeypatch.setattr(PostgresTaskStore, "supports_claim_ahead", False)
+    with pytest.raises(ConfigurationError, match=r"claim_ahead \(0.2 s\) .*postgresql.*PT0S"):
         registries.build(StampJob(), customize=_ahead(0.2))  # refused when built, not started
     assert registries.made == []
+
+
+async def test_a_store_that_cannot_claim_ahead_refuses_a_poll_with_a_lead(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PostgresTaskStore, "supports_claim_ahead", False)
+    tasks = open_store(engine, "postgresql").tasks
+    with pytest.raises(ValueError, match=r"ahead=0:00:01.*timedelta\(0\)"):
+        await tasks.poll(["stamp"], 10, "me", PollingStrategy.FETCH, ahead=timedelta(seconds=1))
 
 
 # -- the poll statement ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("names", [["stamp"], ["stamp", "other"]], ids=["one-name", "two-names"])
 @pytest.mark.parametrize("strategy", list(PollingStrategy))
 async def test_a_poll_with_a_lead_claims_what_comes_due_within_it(
-    engine: AsyncEngine, strategy: PollingStrategy
+    any_engine: AsyncEngine, any_database: Database, strategy: PollingStrategy, names: list[str]
 ) -> None:
-    tasks = open_store(engine, "postgresql").tasks
-    now = await db_now(engine)
+    if strategy not in any_database.strategies:
+        pytest.skip(f"{any_database.id} has no {strategy}")
+    tasks = open_store(any_engine, any_database.dialect).tasks
+    now = await db_now(any_engine)
     soon, later = now + timedelta(seconds=5), now + timedelta(seconds=30)
-    async with engine.begin() as conn:
+    async with any_engine.begin() as conn:
         await conn.execute(
             insert(T),
             [
@@ -101,9 +118,9 @@ async def test_a_poll_with_a_lead_claims_what_comes_due_within_it(
                 for i, at in (("soon", soon), ("later", later))
             ],
         )
-    plain = await tasks.poll(["stamp"], 50, "me", strategy)
+    plain = await tasks.poll(names, 50, "me", strategy)
     assert plain.claimed == [] and plain.next_due == soon
-    ahead = await tasks.poll(["stamp"], 50, "me", strategy, ahead=timedelta(seconds=10))
+    ahead = await tasks.poll(names, 50, "me", strategy, ahead=timedelta(seconds=10))
     assert [r.task_instance for r in ahead.claimed] == ["soon"]
     assert ahead.claimed[0].picked_by == "me"
     # the next due time is the first one beyond the lead's reach
@@ -114,15 +131,15 @@ async def test_a_poll_with_a_lead_claims_what_comes_due_within_it(
 
 
 async def test_a_row_is_claimed_before_its_time_and_starts_at_it(
-    registries: RegistryFactory, engine: AsyncEngine
+    any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     job = StampJob()
-    registry = await registries.start(job, poll=5.0, customize=_ahead(1.0))
-    at = await db_now(engine) + timedelta(seconds=0.7)
+    registry = await any_registries.start(job, poll=5.0, customize=_ahead(1.0))
+    at = await db_now(any_engine) + timedelta(seconds=0.7)
     await registry.client.schedule("stamp", "one", at)
     # claimed (picked) while its time is still ahead, but not run yet
-    await wait_until(lambda: _picked(engine, "one"), 5, "the row claimed ahead")
-    claimed_at = await db_now(engine)
+    await wait_until(lambda: _picked(any_engine, "one"), 5, "the row claimed ahead")
+    claimed_at = await db_now(any_engine)
     assert claimed_at < at and "one" not in job.started
     await wait_until(lambda: "one" in job.started, 5, "the execution")
     started, slot = job.started["one"]
@@ -130,7 +147,7 @@ async def test_a_row_is_claimed_before_its_time_and_starts_at_it(
     assert started >= at, f"started {at - started} before its time"
 
     async def deleted() -> bool:
-        async with engine.connect() as conn:
+        async with any_engine.connect() as conn:
             found = await conn.execute(select(T).where(T.c.task_instance == "one"))
             return found.first() is None
 
@@ -138,32 +155,32 @@ async def test_a_row_is_claimed_before_its_time_and_starts_at_it(
 
 
 async def test_a_stop_releases_the_rows_it_claimed_ahead_without_running_them(
-    registries: RegistryFactory, engine: AsyncEngine
+    any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     job = StampJob()
-    registry = await registries.start(job, poll=5.0, shutdown=30.0, customize=_ahead(8.0))
-    at = await db_now(engine) + timedelta(seconds=6)
+    registry = await any_registries.start(job, poll=5.0, shutdown=30.0, customize=_ahead(8.0))
+    at = await db_now(any_engine) + timedelta(seconds=6)
     await registry.client.schedule("stamp", "held", at)
-    await wait_until(lambda: _picked(engine, "held"), 5, "the row claimed ahead")
+    await wait_until(lambda: _picked(any_engine, "held"), 5, "the row claimed ahead")
     began = time.monotonic()
     await registry.stop()
     assert time.monotonic() - began < 5, "the stop waited for a row that had not started"
     assert job.started == {}
-    async with engine.connect() as conn:
+    async with any_engine.connect() as conn:
         row = (await conn.execute(select(T).where(T.c.task_instance == "held"))).one()
     assert not row.picked and row.picked_by is None
     assert row.execution_time == at  # released at its own time, for another instance
 
 
 async def test_two_instances_claiming_ahead_run_each_slot_once(
-    registries: RegistryFactory, engine: AsyncEngine
+    any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     jobs = [StampJob(), StampJob()]
     for job in jobs:
-        await registries.start(job, poll=5.0, customize=_ahead(0.5))
-    now = await db_now(engine)
+        await any_registries.start(job, poll=5.0, customize=_ahead(0.5))
+    now = await db_now(any_engine)
     at = [now + timedelta(milliseconds=300 + 10 * i) for i in range(40)]
-    client = registries.made[0].client
+    client = any_registries.made[0].client
     for i, when in enumerate(at):
         await client.schedule("stamp", f"i{i}", when)
     await wait_until(lambda: sum(len(j.started) for j in jobs) >= 40, 10, "40 executions")
@@ -174,3 +191,42 @@ async def test_two_instances_claiming_ahead_run_each_slot_once(
     for job in jobs:
         for started, slot in job.started.values():
             assert started >= slot
+
+
+class OneAtATime(StampJob):
+    """At most one running at once, cluster-wide; each records its start and end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spans: list[tuple[float, float]] = []
+
+    def max_concurrency(self) -> int:
+        return 1
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        began = time.monotonic()
+        await super().execute(ctx)
+        await asyncio.sleep(0.1)
+        self.spans.append((began, time.monotonic()))
+
+
+async def test_a_limited_job_counts_the_rows_it_holds_ahead(
+    any_registries: RegistryFactory, any_engine: AsyncEngine
+) -> None:
+    job = OneAtATime()
+    registry = await any_registries.start(job, poll=5.0, customize=_ahead(2.0))
+    at = await db_now(any_engine) + timedelta(seconds=1)
+    await registry.client.schedule_many("stamp", [("a", at, None), ("b", at, None)])
+    # one row is held ahead; the other waits for the place, which the held row takes
+    await wait_until(lambda: _any_picked(any_engine), 5, "a row held ahead")
+    assert [await _picked(any_engine, i) for i in ("a", "b")].count(True) == 1
+    await wait_until(lambda: len(job.spans) == 2, 10, "both executions")
+    (_, first_ended), (second_began, _) = sorted(job.spans)
+    assert first_ended <= second_began, "the two ran at once"
+    for started, slot in job.started.values():
+        assert started >= slot
+
+
+async def _any_picked(engine: AsyncEngine) -> bool:
+    async with engine.connect() as conn:
+        return (await conn.execute(select(T.c.task_instance).where(T.c.picked))).first() is not None

@@ -202,10 +202,15 @@ async def _rows_read(conn: Any) -> int:
     return sum(int(r[1]) for r in rows)
 
 
+@pytest.mark.parametrize("ahead_ms", [0, 500], ids=["due", "claim-ahead"])
 @pytest.mark.parametrize("count", [1, 3], ids=["one-name", "three-names"])
 @pytest.mark.parametrize("strategy", list(PollingStrategy))
 async def test_mysql_polls_never_read_other_rows(
-    any_database: Database, any_engine: AsyncEngine, strategy: PollingStrategy, count: int
+    any_database: Database,
+    any_engine: AsyncEngine,
+    strategy: PollingStrategy,
+    count: int,
+    ahead_ms: int,
 ) -> None:
     """MySQL/MariaDB: with up to ``PER_NAME_MAX`` names a poll reads each name's due rows
     through our index (one ``UNION ALL`` part per name) and the chosen rows by primary key:
@@ -223,7 +228,7 @@ async def test_mysql_polls_never_read_other_rows(
     t, p = "scheduled_tasks", "ekbatan_paused_tasks"
     make = mq.lock_due_per_name if locking else mq.candidates_per_name
     known = KNOWN[:count]
-    sql = make(t, p, count)
+    sql = make(t, p, count, mq.due_by(ahead_ms))
     params = {"names": known, "limit": 50, **mq.name_params(known)}
     async with any_engine.connect() as conn:
         plan = [r._mapping for r in await conn.execute(store.db.sql("EXPLAIN " + sql), params)]
@@ -244,7 +249,7 @@ async def test_mysql_polls_never_read_other_rows(
     # table, the counter read itself; never the 50,000 due foreign rows
     assert read < 500, (read, plan)
     # and the poll itself claims exactly the known names' due rows
-    result = await store.poll(known, 50, "me", strategy)
+    result = await store.poll(known, 50, "me", strategy, ahead=timedelta(milliseconds=ahead_ms))
     assert sorted(r.task_instance for r in result.claimed) == sorted(
         f"due-{i}" for _ in known for i in range(3)
     )

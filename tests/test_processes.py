@@ -63,21 +63,23 @@ async def test_three_processes_run_each_200ms_slot_exactly_once(
 
 
 async def test_three_processes_claiming_ahead_start_each_slot_once_and_never_early(
-    database_url: str, engine: AsyncEngine
+    any_database: Database, any_engine: AsyncEngine
 ) -> None:
-    """``claim_ahead`` (PostgreSQL): the 200 ms slots are claimed up to 150 ms before their
+    """``claim_ahead`` (every dialect): the 200 ms slots are claimed up to 150 ms before their
     time by whichever process polls first; each runs once, none before its slot."""
-    async with engine.begin() as conn:
+    async with any_engine.begin() as conn:
         await conn.run_sync(LEDGERS.create_all, tables=[ledger])
-    args = ["--heartbeat", "1.0", "--claim-ahead", "0.15"]
-    workers = await asyncio.gather(*(Worker.start("slots", database_url, *args) for _ in range(3)))
+    args = ["--heartbeat", "1.0", "--claim-ahead", "0.15", *_worker_args(any_database)]
+    workers = await asyncio.gather(
+        *(Worker.start("slots", any_database.url, *args) for _ in range(3))
+    )
     try:
         await asyncio.sleep(6)  # a soak, not a timing assertion
-        stopping = await db_now(engine)
+        stopping = await db_now(any_engine)
     finally:
         codes = [await w.stop() for w in workers]
     assert codes == [0, 0, 0]
-    async with engine.connect() as conn:
+    async with any_engine.connect() as conn:
         rows = (await conn.execute(select(ledger).order_by(ledger.c.slot))).all()
         picked = (await conn.execute(select(scheduled_tasks.c.picked))).scalar_one()
     assert not picked

@@ -80,7 +80,7 @@ class SchedulerConfig:
     it is abandoned (None: one heartbeat interval)."""
     claim_ahead: timedelta = timedelta(0)
     """Claim rows that come due within this lead, and start each at its own time: when many
-    come due together, the claims are made before the slot instead of after it (PostgreSQL;
+    come due together, the claims are made before the slot instead of after it (every dialect;
     0: claim only due rows, as db-scheduler does). docs/schedules.md, "Claiming ahead"."""
 
     @property

@@ -80,7 +80,7 @@ def _check_claim_ahead(config: SchedulerConfig, store: Store) -> None:
     if config.claim_ahead and not store.tasks.supports_claim_ahead:
         raise ConfigurationError(
             f"claim_ahead ({config.claim_ahead.total_seconds():g} s) is not supported on the "
-            f"{store.dialect.name} dialect (PostgreSQL only); set it to 0 (PT0S)"
+            f"{store.dialect.name} dialect (its task store cannot claim ahead); set it to 0 (PT0S)"
         )
 
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Table, func, select
@@ -132,6 +132,11 @@ class Database(abc.ABC):
     def now_expr(self) -> ColumnElement[datetime]:
         """The database's current time in UTC, as SQL."""
         return func.now()
+
+    def due_by_expr(self, ahead: timedelta) -> ColumnElement[datetime]:
+        """The time up to which a poll claims rows: now, plus ``ahead`` (``claim_ahead``)."""
+        now = self.now_expr()
+        return now + ahead if ahead else now
 
     @abc.abstractmethod
     def upsert(self, table: Table, values: dict[str, Any], update: dict[str, Any]) -> Executable:

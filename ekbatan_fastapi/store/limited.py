@@ -96,7 +96,9 @@ async def _claim(
         running[name, limits[name].group(instance)] += 1
     due = (
         select(t.c.task_name, t.c.task_instance, t.c.version)
-        .where(*_wanted(tasks, names, skip_paused), t.c.execution_time <= _due_by(tasks, ahead))
+        .where(
+            *_wanted(tasks, names, skip_paused), t.c.execution_time <= tasks.db.due_by_expr(ahead)
+        )
         .order_by(t.c.priority.desc(), t.c.execution_time.asc())
         .limit(limit * _OVERSCAN)
     )
@@ -135,12 +137,6 @@ async def _claim(
     ]
 
 
-def _due_by(tasks: TaskStore, ahead: timedelta) -> Any:
-    """The database's now, plus ``ahead`` where the dialect claims ahead."""
-    now = tasks.db.now_expr()
-    return now + ahead if ahead else now
-
-
 def _wanted(tasks: TaskStore, names: Sequence[str], skip_paused: bool) -> list[Any]:
     t = tasks.table
     wanted: list[Any] = [t.c.picked.is_(False), t.c.task_name.in_(list(names))]
@@ -164,7 +160,9 @@ async def _clock(
     now = tasks.db.now_expr()
     earliest = (
         select(func.min(t.c.execution_time))
-        .where(*_wanted(tasks, names, skip_paused), t.c.execution_time > _due_by(tasks, ahead))
+        .where(
+            *_wanted(tasks, names, skip_paused), t.c.execution_time > tasks.db.due_by_expr(ahead)
+        )
         .scalar_subquery()
     )
     row = (await conn.execute(select(now, earliest))).one()

@@ -113,7 +113,7 @@ class TaskStore(PortableTasks, abc.ABC):
         if ahead and not self.supports_claim_ahead:
             raise ValueError(
                 f"{self.dialect_name} cannot claim rows ahead of their time (ahead={ahead}); "
-                "pass ahead=timedelta(0) (claim_ahead is PostgreSQL only)"
+                "pass ahead=timedelta(0) (set claim_ahead to 0)"
             )
         poll = self._poll(
             names,

@@ -14,7 +14,7 @@ and parameters are sent as naive UTC, so neither the session nor the server time
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Table, TextClause, bindparam, literal_column, text
@@ -82,6 +82,11 @@ class MySQLDatabase(Database):
     def now_expr(self) -> ColumnElement[datetime]:
         """``UTC_TIMESTAMP(6)``: ``NOW()`` would follow the session time zone."""
         return literal_column(q.NOW, UTCDateTime())
+
+    def due_by_expr(self, ahead: timedelta) -> ColumnElement[datetime]:
+        """``UTC_TIMESTAMP(6) + INTERVAL n MICROSECOND``: a bound interval would be sent as a
+        string, which MySQL adds as a number."""
+        return literal_column(q.due_by(round(ahead.total_seconds() * 1000)), UTCDateTime())
 
     def is_missing_table(self, error: BaseException) -> bool:
         return errno(error) == ER_NO_SUCH_TABLE

@@ -23,6 +23,7 @@ __all__ = [
     "clock",
     "dead_candidates",
     "delete_owned",
+    "due_by",
     "existing",
     "heartbeat",
     "heartbeat_keys",
@@ -59,6 +60,15 @@ for rows other transactions hold. ``DELETE`` takes index hints only in its multi
 (so the MySQL manual says, and MariaDB's grammar)."""
 NOW = "UTC_TIMESTAMP(6)"
 CLOCK = f"SELECT {NOW}"
+
+
+def due_by(ahead_ms: int = 0) -> str:
+    """The time up to which a poll claims rows: ``NOW``, or ``ahead_ms`` milliseconds later
+    (``claim_ahead``; MySQL has no ``MILLISECOND`` unit). A constant in the text, so the
+    default statements are unchanged."""
+    return NOW if ahead_ms <= 0 else f"({NOW} + INTERVAL {int(ahead_ms) * 1000} MICROSECOND)"
+
+
 DEAD = (
     f"picked = 1 AND (last_heartbeat IS NULL "
     f"OR last_heartbeat < {NOW} - INTERVAL :dead_us MICROSECOND)"
@@ -93,7 +103,7 @@ def name_params(names: list[str]) -> dict[str, str]:
     return {f"name_{i}": name for i, name in enumerate(names)}
 
 
-def _due_per_name(t: str, p: str | None, count: int) -> str:
+def _due_per_name(t: str, p: str | None, count: int, due: str = NOW) -> str:
     """The best ``:limit`` due unpicked rows of ``count`` names (no locks): per name a ``ref``
     on ``ekbatan_task_name_priority_idx`` read in claim order, stopping at ``:limit``; rows of
     other names are never read. (A name's future rows are walked when it has fewer due rows
@@ -101,7 +111,7 @@ def _due_per_name(t: str, p: str | None, count: int) -> str:
     paused = f" AND task_name NOT IN (SELECT task_name FROM {p})" if p else ""
     parts = " UNION ALL ".join(
         f"(SELECT task_name, task_instance, priority, execution_time FROM {t} "
-        f"WHERE task_name = :name_{i} AND picked = 0 AND execution_time <= {NOW}{paused} "
+        f"WHERE task_name = :name_{i} AND picked = 0 AND execution_time <= {due}{paused} "
         "ORDER BY priority DESC, execution_time ASC LIMIT :limit)"
         for i in range(count)
     )
@@ -111,17 +121,18 @@ def _due_per_name(t: str, p: str | None, count: int) -> str:
 # -- claiming ----------------------------------------------------------------------------------
 
 
-def candidates(t: str, p: str | None) -> str:
-    """Fetch, step 1 (no locks): the clock, the next due time and the candidates."""
+def candidates(t: str, p: str | None, due: str = NOW) -> str:
+    """Fetch, step 1 (no locks): the clock, the next due time and the candidates (due by
+    ``due``: ``due_by``)."""
     wanted = _wanted(p)
     return f"""
 SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
 FROM (SELECT {NOW} AS db_now,
         (SELECT MIN(execution_time) FROM {t}
-         WHERE picked = 0 AND execution_time > {NOW} AND {wanted}) AS next_due) AS x
+         WHERE picked = 0 AND execution_time > {due} AND {wanted}) AS next_due) AS x
 LEFT JOIN (
     SELECT task_name, task_instance, version, priority, execution_time FROM {t}
-    WHERE picked = 0 AND execution_time <= {NOW} AND {wanted}
+    WHERE picked = 0 AND execution_time <= {due} AND {wanted}
     ORDER BY priority DESC, execution_time ASC
     LIMIT :limit
 ) AS c ON TRUE
@@ -129,28 +140,28 @@ ORDER BY c.priority DESC, c.execution_time ASC
 """
 
 
-def candidates_per_name(t: str, p: str | None, count: int) -> str:
+def candidates_per_name(t: str, p: str | None, count: int, due: str = NOW) -> str:
     """As ``candidates`` for ``count`` names given as ``:name_<i>`` (and ``:names`` for the
     next due time)."""
     if count == 1:
         paused = f" AND task_name NOT IN (SELECT task_name FROM {p})" if p else ""
-        due = (
+        rows = (
             f"SELECT task_name, task_instance, version, priority, execution_time FROM {t} "
-            f"WHERE task_name = :name_0 AND picked = 0 AND execution_time <= {NOW}{paused} "
+            f"WHERE task_name = :name_0 AND picked = 0 AND execution_time <= {due}{paused} "
             "ORDER BY priority DESC, execution_time ASC LIMIT :limit"
         )
     else:
-        due = (
+        rows = (
             "SELECT k.task_name, k.task_instance, r.version, k.priority, k.execution_time "
-            f"FROM ({_due_per_name(t, p, count)}) AS k JOIN {t} AS r "
+            f"FROM ({_due_per_name(t, p, count, due)}) AS k JOIN {t} AS r "
             "ON r.task_name = k.task_name AND r.task_instance = k.task_instance"
         )
     return f"""
 SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
 FROM (SELECT {NOW} AS db_now,
         (SELECT MIN(execution_time) FROM {t}
-         WHERE picked = 0 AND execution_time > {NOW} AND {_wanted(p)}) AS next_due) AS x
-LEFT JOIN ({due}) AS c ON TRUE
+         WHERE picked = 0 AND execution_time > {due} AND {_wanted(p)}) AS next_due) AS x
+LEFT JOIN ({rows}) AS c ON TRUE
 ORDER BY c.priority DESC, c.execution_time ASC
 """
 
@@ -166,19 +177,19 @@ FOR UPDATE
 """
 
 
-def lock_due(t: str, p: str | None) -> str:
+def lock_due(t: str, p: str | None, due: str = NOW) -> str:
     """Lock-and-fetch: lock due rows nobody else holds; claimed by ``claim`` in the same
     transaction."""
     return f"""
 SELECT {COLUMNS}, {NOW} AS db_now FROM {t}
-WHERE picked = 0 AND execution_time <= {NOW} AND {_wanted(p)}
+WHERE picked = 0 AND execution_time <= {due} AND {_wanted(p)}
 ORDER BY priority DESC, execution_time ASC
 LIMIT :limit
 FOR UPDATE SKIP LOCKED
 """
 
 
-def lock_due_per_name(t: str, p: str | None, count: int) -> str:
+def lock_due_per_name(t: str, p: str | None, count: int, due: str = NOW) -> str:
     """As ``lock_due`` for ``count`` names given as ``:name_<i>``: the candidates are read
     without locks through our index, then those rows locked by primary key (skipping those a
     peer holds) and checked again."""
@@ -186,7 +197,7 @@ def lock_due_per_name(t: str, p: str | None, count: int) -> str:
         paused = f" AND task_name NOT IN (SELECT task_name FROM {p})" if p else ""
         return f"""
 SELECT {COLUMNS}, {NOW} AS db_now FROM {t}
-WHERE task_name = :name_0 AND picked = 0 AND execution_time <= {NOW}{paused}
+WHERE task_name = :name_0 AND picked = 0 AND execution_time <= {due}{paused}
 ORDER BY priority DESC, execution_time ASC
 LIMIT :limit
 FOR UPDATE SKIP LOCKED
@@ -194,9 +205,9 @@ FOR UPDATE SKIP LOCKED
     cols = ", ".join(f"r.{c.strip()}" for c in COLUMNS.split(","))
     return f"""
 SELECT {cols}, {NOW} AS db_now
-FROM ({_due_per_name(t, p, count)}) AS k
+FROM ({_due_per_name(t, p, count, due)}) AS k
 JOIN {t} AS r ON r.task_name = k.task_name AND r.task_instance = k.task_instance
-WHERE r.picked = 0 AND r.execution_time <= {NOW}
+WHERE r.picked = 0 AND r.execution_time <= {due}
 ORDER BY k.priority DESC, k.execution_time ASC
 FOR UPDATE SKIP LOCKED
 """

@@ -37,6 +37,7 @@ from ..tasks import TaskStore
 from . import hot
 from . import statements as q
 from .database import ER_DUP_ENTRY, MySQLDatabase, errno, naive_utc
+from .polls import PollStatements
 
 __all__ = ["MySQLTaskStore", "owned_params"]
 
@@ -65,6 +66,7 @@ class MySQLTaskStore(TaskStore):
 
     supports_skip_locked = True
     keys_per_statement = _CHUNK
+    supports_claim_ahead = True
 
     def __init__(self, db: MySQLDatabase) -> None:
         super().__init__(db)
@@ -72,18 +74,8 @@ class MySQLTaskStore(TaskStore):
         sql = db.sql
         t = db.quoted(db.tables.tasks)
         p = db.quoted(db.tables.paused)
-        # (candidates, lock_due, clock), without and with the pause filter
-        self._poll_sql: dict[bool, tuple[TextClause, TextClause, TextClause]] = {
-            skip_paused: (
-                sql(q.candidates(t, p if skip_paused else None)),
-                sql(q.lock_due(t, p if skip_paused else None)),
-                sql(q.clock(t, p if skip_paused else None)),
-            )
-            for skip_paused in (False, True)
-        }
         self._t = t
-        self._p = p
-        self._per_name: dict[tuple[bool, int], tuple[TextClause, TextClause]] = {}
+        self._polls = PollStatements(db, t, p)
         self._inline = hot.InlinedLists()
         self._lock_keys = sql(q.lock_keys(t))
         self._claim = sql(q.claim(t))
@@ -246,20 +238,6 @@ class MySQLTaskStore(TaskStore):
 
     # -- the hot path -----------------------------------------------------------------------
 
-    def _per_name_sql(self, skip_paused: bool, count: int) -> tuple[TextClause, TextClause]:
-        """(candidates, lock_due) reading ``count`` names' rows through our index; built
-        once per (pause filter, number of names)."""
-        key = (skip_paused, count)
-        found = self._per_name.get(key)
-        if found is None:
-            p = self._p if skip_paused else None
-            found = (
-                self.db.sql(q.candidates_per_name(self._t, p, count)),
-                self.db.sql(q.lock_due_per_name(self._t, p, count)),
-            )
-            self._per_name[key] = found
-        return found
-
     async def _poll(
         self,
         names: Sequence[str],
@@ -277,11 +255,13 @@ class MySQLTaskStore(TaskStore):
         if strategy == PollingStrategy.LOCK_AND_FETCH:
             if not self.supports_skip_locked:
                 raise ValueError(f"{self.dialect_name} has no FOR UPDATE SKIP LOCKED")
-            return await self._lock_and_fetch(list(names), limit, picked_by, skip_paused, lease)
-        candidates = self._poll_sql[skip_paused][0]
+            return await self._lock_and_fetch(
+                list(names), limit, picked_by, skip_paused, lease, ahead_ms
+            )
+        candidates = self._polls.scan(skip_paused, ahead_ms)[0]
         params: dict[str, Any] = {"names": list(names), "limit": limit}
         if 0 < len(names) <= q.PER_NAME_MAX:
-            candidates = self._per_name_sql(skip_paused, len(names))[0]
+            candidates = self._polls.per_name(skip_paused, len(names), ahead_ms)[0]
             params.update(q.name_params(list(names)))
         async with self.db.connect() as conn:
             rows = list(await conn.execute(candidates, params))
@@ -306,16 +286,22 @@ class MySQLTaskStore(TaskStore):
         return PollResult(claimed, db_now, next_due, more_due=len(seen) >= limit)
 
     async def _lock_and_fetch(
-        self, names: list[str], limit: int, picked_by: str, skip_paused: bool, lease: Lease | None
+        self,
+        names: list[str],
+        limit: int,
+        picked_by: str,
+        skip_paused: bool,
+        lease: Lease | None,
+        ahead_ms: int,
     ) -> PollResult:
         """On the driver's cursor (``hot``), on ``lease``'s connection."""
         if not names:
             return PollResult([], _aware((await self.db.clock())[0]), None)
-        _, lock_due, clock_sql = self._poll_sql[skip_paused]
+        _, lock_due, clock_sql = self._polls.scan(skip_paused, ahead_ms)
         listed = self._inline.get(names, "poll")
         params: dict[str, Any] = {"names": listed, "limit": limit}
         if len(names) <= q.PER_NAME_MAX:
-            lock_due = self._per_name_sql(skip_paused, len(names))[1]
+            lock_due = self._polls.per_name(skip_paused, len(names), ahead_ms)[1]
             params = {"limit": limit, **q.name_params(names)}
         clock = (clock_sql.text, {"names": listed})
 
