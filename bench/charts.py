@@ -200,7 +200,8 @@ _COST_PANELS = (
 def cost_chart(results: dict[str, Any], out: Path) -> Path | None:
     """A file of ``{"cost": {panel: {"goal": g, "runs": [{"label", "value"}]}}}``: one bar
     panel per figure of issue #17's targets, with the goal as a line; drawn to the file's
-    ``"chart"`` name (default ``cost-round2.png``)."""
+    ``"chart"`` name (default ``cost-round2.png``). A panel's ``"title"`` replaces its usual
+    one."""
     cost = results.get("cost")
     if not isinstance(cost, dict):
         return None
@@ -217,7 +218,7 @@ def cost_chart(results: dict[str, Any], out: Path) -> Path | None:
         ax.text(-0.4, goal, goal_text.format(goal=goal), fontsize=7, va="bottom", color="#d62728")
         ax.set_xticks(range(len(runs)))
         ax.set_xticklabels([r["label"] for r in runs], fontsize=6)
-        ax.set_title(title, fontsize=9)
+        ax.set_title(cost[key].get("title", title), fontsize=9)
     fig.tight_layout()
     path = out / str(results.get("chart", "cost-round2.png"))
     fig.savefig(path, dpi=100)

@@ -186,8 +186,8 @@ async def run_ours(
         duration=duration,
         result=result,
         errors=errors,
-        settings=f"FIXED_RATE|PT{period:g}S, polling interval {interval}, lock-and-fetch, "
-        "LISTEN/NOTIFY on"
+        settings=f"FIXED_RATE|PT{period:g}S, polling interval {interval}, lock-and-fetch"
+        + ("" if common.is_mysql_url(server.url) else ", LISTEN/NOTIFY on")
         + (f", claim_ahead PT{claim_ahead:g}S" if claim_ahead else "")
         + (", gc.freeze()" if gc_freeze else ""),
         breakdown=breakdown,
@@ -353,7 +353,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--gc-freeze",
         action="store_true",
-        help="each worker calls gc.freeze() once started (docs/scheduling.md)",
+        help="each worker calls gc.freeze() once started (docs/schedules.md)",
     )
     p.add_argument("--quick", action="store_true", help="3 jobs, 8 s")
     p.add_argument("--json", type=Path)
