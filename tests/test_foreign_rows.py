@@ -248,9 +248,23 @@ async def test_mysql_polls_never_read_other_rows(
     # the due rows of the known names: 9 index entries, 9 rows by key, the union's temporary
     # table, the counter read itself; never the 50,000 due foreign rows
     assert read < 500, (read, plan)
-    # and the poll itself claims exactly the known names' due rows
+    # and the poll itself claims exactly the known names' due rows (with a lead, also a row
+    # each that comes due within it)
+    instances = [f"due-{i}" for i in range(3)]
+    if ahead_ms:
+        soon = await db_now(any_engine) + timedelta(milliseconds=ahead_ms - 50)
+        async with any_engine.begin() as conn:
+            await conn.execute(
+                insert(T),
+                [
+                    {"task_name": name, "task_instance": "soon", "execution_time": soon}
+                    | {"picked": False, "version": 1, "priority": 0}
+                    for name in known
+                ],
+            )
+        instances.append("soon")
     result = await store.poll(known, 50, "me", strategy, ahead=timedelta(milliseconds=ahead_ms))
     assert sorted(r.task_instance for r in result.claimed) == sorted(
-        f"due-{i}" for _ in known for i in range(3)
+        i for _ in known for i in instances
     )
     assert {r.task_name for r in result.claimed} == set(known)
