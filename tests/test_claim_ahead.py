@@ -52,6 +52,16 @@ async def _picked(engine: AsyncEngine, instance: str) -> bool:
     return bool(row and row.picked)
 
 
+async def _schedule_two_seconds_ahead(
+    registries: RegistryFactory, engine: AsyncEngine, job: StampJob, instances: list[str]
+) -> datetime:
+    """Start an instance claiming 3 s ahead, and schedule ``instances`` 2 s from now."""
+    registry = await registries.start(job, poll=5.0, customize=_ahead(3.0))
+    at = await db_now(engine) + timedelta(seconds=2)
+    await registry.client.schedule_many("stamp", [(i, at, None) for i in instances])
+    return at
+
+
 # -- settings and validation ---------------------------------------------------------------
 
 
@@ -146,9 +156,7 @@ async def test_a_row_is_claimed_before_its_time_and_starts_at_it(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     job = StampJob()
-    registry = await any_registries.start(job, poll=5.0, customize=_ahead(3.0))
-    at = await db_now(any_engine) + timedelta(seconds=2)
-    await registry.client.schedule("stamp", "one", at)
+    at = await _schedule_two_seconds_ahead(any_registries, any_engine, job, ["one"])
     # claimed (picked) while its time is still ahead, but not run yet
     await wait_until(lambda: _picked(any_engine, "one"), 5, "the row claimed ahead")
     claimed_at = await db_now(any_engine)
@@ -226,9 +234,7 @@ async def test_a_limited_job_counts_the_rows_it_holds_ahead(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     job = OneAtATime()
-    registry = await any_registries.start(job, poll=5.0, customize=_ahead(3.0))
-    at = await db_now(any_engine) + timedelta(seconds=2)
-    await registry.client.schedule_many("stamp", [("a", at, None), ("b", at, None)])
+    at = await _schedule_two_seconds_ahead(any_registries, any_engine, job, ["a", "b"])
     # one row is held ahead; the other waits for the place, which the held row takes
     await wait_until(lambda: _any_picked(any_engine), 5, "a row held ahead")
     assert await db_now(any_engine) < at, "held after its time, not ahead of it"
