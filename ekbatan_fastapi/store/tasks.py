@@ -162,15 +162,14 @@ class TaskStore(PortableTasks, abc.ABC):
         history table by the same statement, ``superseded`` where no write matched. ``retry``:
         an earlier attempt of the same batch failed and may have committed (its answer lost):
         records already in the table are not written again."""
+        finishing = self._finish(
+            items, lease=lease, history=history, picked_by=picked_by, retry=retry
+        )
         if not probes.active:
-            return await self._finish(
-                items, lease=lease, history=history, picked_by=picked_by, retry=retry
-            )
+            return await finishing
         began = time.monotonic()
         try:
-            recorded = await self._finish(
-                items, lease=lease, history=history, picked_by=picked_by, retry=retry
-            )
+            recorded = await finishing
         except BaseException as error:
             probes.finished(items, None, error, time.monotonic() - began)
             raise
