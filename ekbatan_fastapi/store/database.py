@@ -78,6 +78,13 @@ def aware(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
+def known_time(value: datetime | None) -> datetime:
+    """``aware`` of a value the statement always returns (a clock, a claimed row's time)."""
+    result = aware(value)
+    assert result is not None
+    return result
+
+
 def is_autocommit(engine: AsyncEngine) -> bool:
     """The engine's connections commit every statement by themselves."""
     configured = engine.get_execution_options().get("isolation_level")

@@ -16,19 +16,13 @@ from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
-from .database import Database, aware
+from .database import Database, known_time
 from .external import Caller
 from .presence import TablesPresence
 
 __all__ = ["OperationsStore"]
 
 _RECHECK_MISSING = 30.0
-
-
-def _aware(value: datetime | None) -> datetime:
-    result = aware(value)
-    assert result is not None
-    return result
 
 
 class OperationsStore:
@@ -123,10 +117,10 @@ class OperationsStore:
                 id=r.id,
                 task_name=r.task_name,
                 task_instance=r.task_instance,
-                execution_time=_aware(r.execution_time),
+                execution_time=known_time(r.execution_time),
                 picked_by=r.picked_by,
-                started_at=_aware(r.started_at),
-                finished_at=_aware(r.finished_at),
+                started_at=known_time(r.started_at),
+                finished_at=known_time(r.finished_at),
                 outcome=r.outcome,
                 error_class=r.error_class,
                 error_message=r.error_message,
@@ -136,7 +130,7 @@ class OperationsStore:
 
     async def history_cutoff(self, older_than: timedelta) -> datetime:
         """The database's now minus ``older_than``: records finished before it are expired."""
-        return _aware((await self.db.clock())[0]) - older_than
+        return known_time((await self.db.clock())[0]) - older_than
 
     async def prune_history_batch(
         self, cutoff: datetime, after: datetime | None, limit: int
@@ -160,7 +154,7 @@ class OperationsStore:
         edge_query = select(finished).where(*window).order_by(finished).offset(limit - 1).limit(1)
         found = await self.db.rows(edge_query)
         if found:
-            edge: datetime | None = _aware(found[0][0])
+            edge: datetime | None = known_time(found[0][0])
             upto = finished <= edge
         else:
             edge, upto = None, finished < cutoff
@@ -187,7 +181,9 @@ class OperationsStore:
         )
         names = set(known)
         return [
-            (r[0], int(r[1]), _aware(r[2])) for r in await self.db.rows(stmt) if r[0] not in names
+            (r[0], int(r[1]), known_time(r[2]))
+            for r in await self.db.rows(stmt)
+            if r[0] not in names
         ]
 
     # -- pause --------------------------------------------------------------------------
@@ -220,7 +216,7 @@ class OperationsStore:
     async def paused(self) -> dict[str, PauseInfo]:
         rows = await self.db.rows(select(self.tables.paused))
         return {
-            r.task_name: PauseInfo(r.task_name, r.paused_by, _aware(r.paused_at), r.reason)
+            r.task_name: PauseInfo(r.task_name, r.paused_by, known_time(r.paused_at), r.reason)
             for r in rows
         }
 
@@ -253,13 +249,13 @@ class OperationsStore:
         db_now = (await self.db.clock())[0]
         result = []
         for r in rows:
-            last_seen = _aware(r.last_seen)
+            last_seen = known_time(r.last_seen)
             result.append(
                 InstanceInfo(
                     name=r.name,
                     host=r.host,
                     pid=r.pid,
-                    started_at=_aware(r.started_at),
+                    started_at=known_time(r.started_at),
                     last_seen=last_seen,
                     library_version=r.library_version,
                     alive=db_now - last_seen <= dead_after,

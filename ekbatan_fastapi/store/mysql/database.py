@@ -89,7 +89,8 @@ class MySQLDatabase(Database):
         return literal_column(q.due_by(round(ahead.total_seconds() * 1000)), UTCDateTime())
 
     def is_missing_table(self, error: BaseException) -> bool:
-        return errno(error) == ER_NO_SUCH_TABLE
+        """One of our tables is missing (not a session's names table: ``names.py``)."""
+        return errno(error) == ER_NO_SUCH_TABLE and q.NAMES_TABLE_PREFIX not in str(error)
 
     def commit_guard(self, seconds: float) -> list[Executable]:
         """``wait_timeout`` for this session: the server closes a connection that stays silent

@@ -20,11 +20,12 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
 from typing import Any, TypeVar
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from ...domain.rows import PollResult, TaskKey, TaskRow
-from ..database import aware
+from ..database import aware, known_time
 from ..lease import Lease
 from ..probe import probes
 from . import statements as q
@@ -167,17 +168,24 @@ def task_row(r: Any) -> TaskRow:
 
 
 async def transaction(
-    db: MySQLDatabase, lease: Lease | None, work: Callable[[Any], Awaitable[T]]
+    db: MySQLDatabase,
+    lease: Lease | None,
+    work: Callable[[Any], Awaitable[T]],
+    prepare: Callable[[AsyncConnection, Any], Awaitable[None]] | None = None,
 ) -> T:
     """Run ``work`` (given an asyncmy cursor) in one ``READ COMMITTED`` transaction on
     ``lease``'s connection (or a pooled one) and commit; a deadlock victim is run again. A
-    ``RowsLost`` rolls back and keeps the connection; any other error discards it."""
+    ``RowsLost`` rolls back and keeps the connection; any other error discards it.
+    ``prepare`` (the connection, its asyncmy connection) runs first, outside the transaction
+    (``names.NamesTable.ensure``)."""
     held = lease if lease is not None else db.lease()
     lost = False
     try:
         async with db.leased(held):
             conn = await held.connection()
             driver = await held.driver()
+            if prepare is not None:
+                await prepare(conn, driver)
             for attempt in range(1, _DEADLOCK_RETRIES + 1):
                 try:
                     if db.read_committed is not None:
@@ -239,10 +247,10 @@ async def lock_and_fetch(
             for r in locked
         ]
         if len(locked) >= limit:
-            return PollResult(claimed, _aware(now), None)
+            return PollResult(claimed, known_time(now), None)
     await execute(cursor, "poll", *clock)
     row = await cursor.fetchone()
-    return PollResult(claimed, _aware(row[0]), aware(row[1]))
+    return PollResult(claimed, known_time(row[0]), aware(row[1]))
 
 
 async def write_all(
@@ -263,9 +271,3 @@ async def beat(
     if locked:
         await execute(cursor, "heartbeat", heartbeat_keys, {"keys": locked})
     return set(locked)
-
-
-def _aware(value: datetime | None) -> datetime:
-    result = aware(value)
-    assert result is not None
-    return result

@@ -1,6 +1,7 @@
 """The poll's statements on MySQL/MariaDB, built on first use and kept: one set per pause
-filter and lead (``claim_ahead``), and per number of names where a poll reads each name's
-rows through our index (``statements.PER_NAME_MAX``)."""
+filter and lead (``claim_ahead``), per number of names where a poll reads each name's rows
+through our index (``statements.PER_NAME_MAX``), and per names table where the names are read
+from one (``names.py``)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class PollStatements:
         self._db, self._t, self._p = db, t, p
         self.scan = functools.cache(self._scan)
         self.per_name = functools.cache(self._per_name)
+        self.by_table = functools.cache(self._by_table)
+        self.dead_by_table = functools.cache(self._dead_by_table)
 
     def _scan(self, skip_paused: bool, ahead_ms: int) -> tuple[TextClause, TextClause, TextClause]:
         """(candidates, lock_due, clock) reading the due rows in time order."""
@@ -41,3 +44,18 @@ class PollStatements:
             sql(q.candidates_per_name(self._t, p, count, due)),
             sql(q.lock_due_per_name(self._t, p, count, due)),
         )
+
+    def _by_table(
+        self, skip_paused: bool, ahead_ms: int, k: str
+    ) -> tuple[TextClause, TextClause, TextClause]:
+        """As ``scan``, the names read from the temporary table ``k``."""
+        p, due, sql = self._p if skip_paused else None, q.due_by(ahead_ms), self._db.sql
+        return (
+            sql(q.candidates(self._t, p, due, k)),
+            sql(q.lock_due(self._t, p, due, k)),
+            sql(q.clock(self._t, p, k)),
+        )
+
+    def _dead_by_table(self, k: str) -> TextClause:
+        """The dead-execution check's candidates, the names read from the table ``k``."""
+        return self._db.sql(q.dead_candidates(self._t, k))

@@ -13,6 +13,7 @@ __all__ = [
     "CLOCK",
     "DEFAULT_LOCK_WAIT",
     "EXPANDING",
+    "NAMES_TABLE_PREFIX",
     "NOW",
     "PER_NAME_MAX",
     "READ_COMMITTED",
@@ -21,10 +22,13 @@ __all__ = [
     "candidates_per_name",
     "claim",
     "clock",
+    "create_names_table",
     "dead_candidates",
     "delete_owned",
     "due_by",
+    "empty_names_table",
     "existing",
+    "fill_names",
     "heartbeat",
     "heartbeat_keys",
     "lock_beating",
@@ -81,12 +85,55 @@ EXPANDING = ("names", "keys", "owned")
 """The list parameters (``IN :x``); every statement's parameter of these names expands."""
 
 
-def _wanted(p: str | None) -> str:
-    """The task names this instance polls for, less the paused ones when ``p`` is given."""
+def _wanted(p: str | None, k: str | None = None) -> str:
+    """The task names this instance polls for (the ``:names`` list, or the rows of the names
+    table ``k``), less the paused ones when ``p`` is given."""
+    names = f"task_name IN (SELECT task_name FROM {k})" if k else "task_name IN :names"
+    return f"{names} AND task_name NOT IN (SELECT task_name FROM {p})" if p else names
+
+
+def _next_due(t: str, p: str | None, k: str | None, due: str | None = None) -> str:
+    """The earliest ``execution_time`` of this instance's unpicked rows (after ``due`` when
+    given). With the names in a table (``k``) the rows are read in time order and joined to
+    it, in that order (``STRAIGHT_JOIN``): ``execution_time_idx`` walked to the first row of
+    ours, one names-table lookup per row. Left to itself the optimizer may start from the
+    names and read every row of every name (all 100,000 rows of 100,000 names, 140-270 ms;
+    4,800 rows of 600 names), as a ``MIN`` would."""
+    if not k:
+        after = f" AND execution_time > {due}" if due else ""
+        return f"(SELECT MIN(execution_time) FROM {t} WHERE picked = 0{after} AND {_wanted(p)})"
+    after = f" AND s.execution_time > {due}" if due else ""
+    paused = f" AND s.task_name NOT IN (SELECT task_name FROM {p})" if p else ""
     return (
-        f"task_name IN :names AND task_name NOT IN (SELECT task_name FROM {p})"
-        if p
-        else ("task_name IN :names")
+        f"(SELECT s.execution_time FROM {t} AS s STRAIGHT_JOIN {k} AS n "
+        f"ON n.task_name = s.task_name WHERE s.picked = 0{after}{paused} "
+        "ORDER BY s.execution_time LIMIT 1)"
+    )
+
+
+NAMES_TABLE_PREFIX = "ekbatan_names_"
+"""The session temporary tables of job names (``store/mysql/names.py``) start so."""
+
+
+def create_names_table(k: str, t: str) -> str:
+    """A session temporary table ``k`` with the type and collation of ``t``'s ``task_name``
+    (copied from the column: a different collation would keep the index from the join)."""
+    return (
+        f"CREATE TEMPORARY TABLE {k} (PRIMARY KEY (task_name)) "
+        f"SELECT task_name FROM {t} WHERE FALSE"
+    )
+
+
+def empty_names_table(k: str) -> str:
+    return f"DELETE FROM {k}"
+
+
+def fill_names(k: str, values: str) -> str:
+    """``values`` is the driver-escaped ``(a), (b), ...`` list. Two names equal under the
+    column's collation (``Job``, ``job``) are one row, as an ``IN`` list matches them (no
+    ``INSERT IGNORE``: it warns, and would truncate a name that is too long)."""
+    return (
+        f"INSERT INTO {k} (task_name) VALUES {values} ON DUPLICATE KEY UPDATE task_name = task_name"
     )
 
 
@@ -121,15 +168,14 @@ def _due_per_name(t: str, p: str | None, count: int, due: str = NOW) -> str:
 # -- claiming ----------------------------------------------------------------------------------
 
 
-def candidates(t: str, p: str | None, due: str = NOW) -> str:
+def candidates(t: str, p: str | None, due: str = NOW, k: str | None = None) -> str:
     """Fetch, step 1 (no locks): the clock, the next due time and the candidates (due by
-    ``due``: ``due_by``)."""
-    wanted = _wanted(p)
+    ``due``: ``due_by``; the names from the table ``k`` when given)."""
+    wanted = _wanted(p, k)
+    next_due = _next_due(t, p, k, due)
     return f"""
 SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
-FROM (SELECT {NOW} AS db_now,
-        (SELECT MIN(execution_time) FROM {t}
-         WHERE picked = 0 AND execution_time > {due} AND {wanted}) AS next_due) AS x
+FROM (SELECT {NOW} AS db_now, {next_due} AS next_due) AS x
 LEFT JOIN (
     SELECT task_name, task_instance, version, priority, execution_time FROM {t}
     WHERE picked = 0 AND execution_time <= {due} AND {wanted}
@@ -177,12 +223,12 @@ FOR UPDATE
 """
 
 
-def lock_due(t: str, p: str | None, due: str = NOW) -> str:
+def lock_due(t: str, p: str | None, due: str = NOW, k: str | None = None) -> str:
     """Lock-and-fetch: lock due rows nobody else holds; claimed by ``claim`` in the same
     transaction."""
     return f"""
 SELECT {COLUMNS}, {NOW} AS db_now FROM {t}
-WHERE picked = 0 AND execution_time <= {due} AND {_wanted(p)}
+WHERE picked = 0 AND execution_time <= {due} AND {_wanted(p, k)}
 ORDER BY priority DESC, execution_time ASC
 LIMIT :limit
 FOR UPDATE SKIP LOCKED
@@ -213,16 +259,14 @@ FOR UPDATE SKIP LOCKED
 """
 
 
-def clock(t: str, p: str | None) -> str:
+def clock(t: str, p: str | None, k: str | None = None) -> str:
     """Lock-and-fetch, after the claim and in its transaction: the clock and the earliest
     unpicked time, due or not. A due time here is a row this poll did not get: a peer held
     its lock (a peer's claim, or a peer's scan that locks a row while it checks it), or it
     came due between ``lock_due``'s clock and this one. The scheduler then looks again soon
     instead of a poll interval later."""
-    return (
-        f"SELECT {NOW} AS db_now, "
-        f"(SELECT MIN(execution_time) FROM {t} WHERE picked = 0 AND {_wanted(p)}) AS next_due"
-    )
+    next_due = _next_due(t, p, k)
+    return f"SELECT {NOW} AS db_now, {next_due} AS next_due"
 
 
 def claim(t: str) -> str:
@@ -303,15 +347,16 @@ def still_owned(t: str) -> str:
     return f"SELECT task_name, task_instance FROM {t} {BY_KEY} WHERE {OWNED} AND picked = 1"
 
 
-def dead_candidates(t: str) -> str:
+def dead_candidates(t: str, k: str | None = None) -> str:
     """The candidates, and (in the row with a NULL key) when the next picked row would die if
-    its heartbeats stopped now."""
+    its heartbeats stopped now (the names from the table ``k`` when given)."""
+    names = _wanted(None, k)
     return f"""
 SELECT task_name, task_instance, version, NULL AS next_death FROM {t}
-WHERE task_name IN :names AND {DEAD}
+WHERE {names} AND {DEAD}
 UNION ALL
 SELECT NULL, NULL, NULL, MIN(last_heartbeat) + INTERVAL :dead_us MICROSECOND FROM {t}
-WHERE task_name IN :names AND picked = 1
+WHERE {names} AND picked = 1
   AND last_heartbeat >= {NOW} - INTERVAL :dead_us MICROSECOND
 """
 

@@ -30,13 +30,14 @@ from ...domain.rows import (
     TaskKey,
     TaskRow,
 )
-from ..database import aware, chunks
+from ..database import aware, chunks, known_time
 from ..external import Caller
 from ..lease import Lease
 from ..tasks import TaskStore
 from . import hot
 from . import statements as q
 from .database import ER_DUP_ENTRY, MySQLDatabase, errno, naive_utc
+from .names import NamesTables, transaction
 from .polls import PollStatements
 
 __all__ = ["MySQLTaskStore", "owned_params"]
@@ -55,12 +56,6 @@ def owned_params(triples: Sequence[tuple[str, str, int]]) -> dict[str, Any]:
     return {"owned": list(triples), "keys": list(dict.fromkeys((n, i) for n, i, _ in triples))}
 
 
-def _aware(value: datetime | None) -> datetime:
-    result = aware(value)
-    assert result is not None
-    return result
-
-
 class MySQLTaskStore(TaskStore):
     """MySQL 8+ and MariaDB 10.6+: ``FOR UPDATE SKIP LOCKED`` for lock-and-fetch."""
 
@@ -77,6 +72,7 @@ class MySQLTaskStore(TaskStore):
         self._t = t
         self._polls = PollStatements(db, t, p)
         self._inline = hot.InlinedLists()
+        self._names = NamesTables(db)
         self._lock_keys = sql(q.lock_keys(t))
         self._claim = sql(q.claim(t))
         self._lock_owned = sql(q.lock_owned(t))
@@ -263,9 +259,18 @@ class MySQLTaskStore(TaskStore):
         if 0 < len(names) <= q.PER_NAME_MAX:
             candidates = self._polls.per_name(skip_paused, len(names), ahead_ms)[0]
             params.update(q.name_params(list(names)))
-        async with self.db.connect() as conn:
-            rows = list(await conn.execute(candidates, params))
-        db_now = _aware(rows[0]._mapping["db_now"])
+        if table := self._names.get(names):
+            candidates = self._polls.by_table(skip_paused, ahead_ms, table.name)[0]
+            params = {"limit": limit}
+
+        async def read() -> list[Any]:
+            async with self.db.connect() as conn:
+                if table:
+                    await table.ensure(conn)
+                return list(await conn.execute(candidates, params))
+
+        rows = await (table.retried(read) if table else read())
+        db_now = known_time(rows[0]._mapping["db_now"])
         next_due = aware(rows[0]._mapping["next_due"])
         seen = {(r[2], r[3]): int(r[4]) for r in rows if r[2] is not None}
         if not seen:
@@ -296,14 +301,20 @@ class MySQLTaskStore(TaskStore):
     ) -> PollResult:
         """On the driver's cursor (``hot``), on ``lease``'s connection."""
         if not names:
-            return PollResult([], _aware((await self.db.clock())[0]), None)
-        _, lock_due, clock_sql = self._polls.scan(skip_paused, ahead_ms)
-        listed = self._inline.get(names, "poll")
-        params: dict[str, Any] = {"names": listed, "limit": limit}
-        if len(names) <= q.PER_NAME_MAX:
-            lock_due = self._polls.per_name(skip_paused, len(names), ahead_ms)[1]
-            params = {"limit": limit, **q.name_params(names)}
-        clock = (clock_sql.text, {"names": listed})
+            return PollResult([], known_time((await self.db.clock())[0]), None)
+        table = self._names.get(names)
+        if table:  # the names from a temporary table (``names.py``)
+            _, lock_due, clock_sql = self._polls.by_table(skip_paused, ahead_ms, table.name)
+            params: dict[str, Any] = {"limit": limit}
+            clock: tuple[str, dict[str, Any]] = (clock_sql.text, {})
+        else:
+            _, lock_due, clock_sql = self._polls.scan(skip_paused, ahead_ms)
+            listed = self._inline.get(names, "poll")
+            params = {"names": listed, "limit": limit}
+            if len(names) <= q.PER_NAME_MAX:
+                lock_due = self._polls.per_name(skip_paused, len(names), ahead_ms)[1]
+                params = {"limit": limit, **q.name_params(names)}
+            clock = (clock_sql.text, {"names": listed})
 
         async def run(cursor: Any) -> PollResult:
             return await hot.lock_and_fetch(
@@ -316,7 +327,7 @@ class MySQLTaskStore(TaskStore):
                 picked_by=picked_by,
             )
 
-        return await hot.transaction(self.db, lease, run)
+        return await transaction(self.db, lease, table, run)
 
     async def _claim_locked(
         self, conn: AsyncConnection, locked: Sequence[Any], picked_by: str
@@ -331,7 +342,7 @@ class MySQLTaskStore(TaskStore):
         )
         if updated.rowcount != len(keys):  # cannot happen: the rows are locked and unpicked
             raise RuntimeError(f"claimed {updated.rowcount} of {len(keys)} locked rows")
-        claimed_at = _aware(now)
+        claimed_at = known_time(now)
         return [
             self.to_row(r)._replace(
                 picked=True,
@@ -447,13 +458,17 @@ class MySQLTaskStore(TaskStore):
         if not names:
             return Revival([], None)
         dead_us = dead_after // timedelta(microseconds=1)
-        params = {"names": self._inline.get(names, "dead"), "dead_us": dead_us}
+        table = self._names.get(names)
+        check = self._polls.dead_by_table(table.name) if table else self._dead_candidates
+        params: dict[str, Any] = {"dead_us": dead_us}
+        if not table:
+            params["names"] = self._inline.get(names, "dead")
 
         async def read(cursor: Any) -> list[Any]:
-            await hot.execute(cursor, "dead-execution check", self._dead_candidates.text, params)
+            await hot.execute(cursor, "dead-execution check", check.text, params)
             return list(await cursor.fetchall())
 
-        result = await hot.transaction(self.db, None, read)
+        result = await transaction(self.db, None, table, read)
         candidates = [(r[0], r[1], int(r[2])) for r in result if r[0] is not None]
         next_death = aware(next((r[3] for r in result if r[0] is None), None))
         if not candidates:

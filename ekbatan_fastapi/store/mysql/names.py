@@ -1,0 +1,134 @@
+"""Many job names on MySQL/MariaDB: a session temporary table of names, filled once per
+connection.
+
+A poll, its clock and the dead-execution check ask for the rows of this instance's job names.
+Up to ``NAMES_TABLE_MIN`` names they go in the statement's text (``IN (...)``, escaped once:
+``hot.Inlined``). Beyond it the server would parse and convert a list of that size at every
+statement (1.5 MB of text and ~140 ms per statement with 100,000 names; docs/BENCHMARKS.md,
+"Names"), so the names go once into a temporary table of the connection, and the statements
+read ``task_name IN (SELECT task_name FROM <table>)``: about 1 ms at any count.
+
+A temporary table lives as long as its session and is seen by no other: each pooled
+connection fills its own at first use (0.5 s for 100,000 names, 5 ms for 1,000), and a new
+connection (after an outage, a recycle) fills it again. ``conn.info`` (SQLAlchemy's state of
+the pooled DBAPI connection, cleared when it is replaced) says which connections hold it.
+The table's name is a digest of the scheduled-tasks table and the names, so two schedulers on
+one engine with different jobs never read each other's. Not used on an engine without a pool
+(``NullPool``: every checkout is a new connection, which would fill the table at every
+statement).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.pool import NullPool
+
+from ..database import chunks
+from ..lease import Lease
+from . import hot
+from . import statements as q
+from .database import ER_NO_SUCH_TABLE, MySQLDatabase, errno
+
+__all__ = ["NAMES_TABLE_MIN", "NamesTable", "NamesTables", "transaction"]
+
+T = TypeVar("T")
+
+NAMES_TABLE_MIN = 500
+"""From this many job names on, the names go in a temporary table (below it the list in the
+text costs the server a few ms or less, and a new connection has nothing to fill)."""
+_FILL_ROWS = 1000
+"""Names per ``INSERT`` filling the table."""
+
+
+class NamesTable:
+    """One instance's job names in a temporary table, on each connection that runs its
+    statements (``ensure``)."""
+
+    def __init__(self, db: MySQLDatabase, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        self._db = db
+        t = db.quoted(db.tables.tasks)
+        digest = hashlib.sha256("\x00".join([t, *sorted(set(self.names))]).encode())
+        self.name = q.NAMES_TABLE_PREFIX + digest.hexdigest()[:20]
+        self._create = q.create_names_table(self.name, t)
+        self._key = "ekbatan_names_table:" + self.name
+        self._generation = 0
+        """Raised when a statement found the table gone: every connection fills it again."""
+
+    async def ensure(self, conn: AsyncConnection, driver: Any = None) -> None:
+        """Create and fill the table on ``conn`` unless it holds it already; committed before
+        the caller's transaction begins (``driver``: its asyncmy connection)."""
+        info = conn.info
+        if info.get(self._key, -1) == self._generation:
+            return
+        if driver is None:
+            driver = (await conn.get_raw_connection()).driver_connection
+        exists = self._key in info  # an older generation, or a fill that failed half-way
+        info[self._key] = None
+        async with driver.cursor() as cursor:
+            if exists:  # emptied, or found gone (no DROP ... IF EXISTS: it warns when gone)
+                try:
+                    await cursor.execute(q.empty_names_table(self.name))
+                except Exception as error:
+                    if not self.is_gone(error):
+                        raise
+                    exists = False
+            if not exists:
+                await cursor.execute(self._create)
+            for part in chunks(list(self.names), _FILL_ROWS):
+                values = cursor.mogrify(", ".join(["(%s)"] * len(part)), part)
+                # no parameters: the text goes as it is (no ``%`` interpolation)
+                await cursor.execute(q.fill_names(self.name, values))
+        await driver.commit()
+        info[self._key] = self._generation
+
+    def is_gone(self, error: BaseException) -> bool:
+        """A statement found this table missing (the session was reset under us)."""
+        return errno(error) == ER_NO_SUCH_TABLE and self.name in str(error)
+
+    async def retried(self, run: Callable[[], Awaitable[T]]) -> T:
+        """``run``, once more if it found the table gone (each connection fills it again)."""
+        try:
+            return await run()
+        except Exception as error:
+            if not self.is_gone(error):
+                raise
+            self._generation += 1
+            return await run()
+
+
+class NamesTables:
+    """The names table of each list of names a store is asked for (in practice one: the
+    registry's), or None where the names stay in the text."""
+
+    def __init__(self, db: MySQLDatabase) -> None:
+        self._db = db
+        self._tables: dict[tuple[str, ...], NamesTable] = {}
+        self.enabled = not isinstance(db.engine.sync_engine.pool, NullPool)
+
+    def get(self, names: Sequence[str]) -> NamesTable | None:
+        if not self.enabled or len(names) < NAMES_TABLE_MIN:
+            return None
+        key = tuple(names)
+        table = self._tables.get(key)
+        if table is None:
+            if len(self._tables) >= 8:  # lists of names that come and go: keep the last few
+                self._tables.pop(next(iter(self._tables)))
+            table = self._tables[key] = NamesTable(self._db, key)
+        return table
+
+
+async def transaction(
+    db: MySQLDatabase,
+    lease: Lease | None,
+    table: NamesTable | None,
+    work: Callable[[Any], Awaitable[T]],
+) -> T:
+    """``hot.transaction``, on a connection that holds ``table`` (when there is one)."""
+    if table is None:
+        return await hot.transaction(db, lease, work)
+    return await table.retried(lambda: hot.transaction(db, lease, work, table.ensure))
