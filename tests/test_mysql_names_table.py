@@ -5,12 +5,13 @@ text (store/mysql/names.py)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import make_url, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -252,3 +253,37 @@ async def test_an_idle_poll_over_the_names_table_reads_a_few_rows(
     assert result.claimed == [] and result.next_due == now + timedelta(hours=1)
     assert len(NAMES) * 8 > 4000 and read < 200, (read, plans)
     assert all(p["type"] != "ALL" for p in plans if p["table"] == "scheduled_tasks"), plans
+
+
+async def test_without_the_temporary_tables_privilege_the_names_go_in_the_text(
+    any_database: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user without ``CREATE TEMPORARY TABLES``: the first statement that needs the table
+    fails, a warning names the grant, and from then on the names go in the text."""
+    if not any_database.is_mysql:
+        pytest.skip("MySQL/MariaDB's names table")
+    url = make_url(any_database.url)
+    user = f"ekb_{uuid.uuid4().hex[:12]}"
+    admin = create_async_engine(url, poolclass=NullPool)
+    limited = create_async_engine(url.set(username=user, password="pw"), pool_size=1)
+    try:
+        await create_schema(admin)
+        async with admin.begin() as conn:
+            await conn.execute(text(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"))
+            await conn.execute(
+                text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{url.database}`.* TO '{user}'@'%'")
+            )
+        store: Any = open_store(limited, any_database.dialect).tasks
+        await _due(store, limited, NAMES[:2])
+        strategy = _strategies(store)[-1]
+        with pytest.raises(Exception) as refused:  # the driver's error, or SQLAlchemy's
+            await store.poll(NAMES, 50, "me", strategy)
+        assert "denied" in str(refused.value).lower()
+        assert "GRANT CREATE TEMPORARY TABLES" in caplog.text
+        assert len((await store.poll(NAMES, 50, "me", strategy)).claimed) == 2
+        assert (await store.revive_dead(NAMES, timedelta(minutes=1))).revived == []
+    finally:
+        await limited.dispose()
+        async with admin.begin() as conn:
+            await conn.execute(text(f"DROP USER IF EXISTS '{user}'@'%'"))
+        await admin.dispose()

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import NullPool
 
+from ...domain.logs import library_logger
 from ..database import chunks
 from ..lease import Lease
 from . import hot
@@ -36,21 +37,27 @@ from .database import ER_NO_SUCH_TABLE, MySQLDatabase, errno
 __all__ = ["NAMES_TABLE_MIN", "NamesTable", "NamesTables", "transaction"]
 
 T = TypeVar("T")
+log = library_logger(__name__)
 
 NAMES_TABLE_MIN = 500
 """From this many job names on, the names go in a temporary table (below it the list in the
 text costs the server a few ms or less, and a new connection has nothing to fill)."""
 _FILL_ROWS = 1000
 """Names per ``INSERT`` filling the table."""
+_REFUSED = (1044, 1142)
+"""Access denied to the database / to the table: no ``CREATE TEMPORARY TABLES`` privilege."""
 
 
 class NamesTable:
     """One instance's job names in a temporary table, on each connection that runs its
     statements (``ensure``)."""
 
-    def __init__(self, db: MySQLDatabase, names: Sequence[str]) -> None:
+    def __init__(
+        self, db: MySQLDatabase, names: Sequence[str], refused: Callable[[], None]
+    ) -> None:
         self.names = tuple(names)
         self._db = db
+        self._refused = refused
         t = db.quoted(db.tables.tasks)
         digest = hashlib.sha256("\x00".join([t, *sorted(set(self.names))]).encode())
         self.name = q.NAMES_TABLE_PREFIX + digest.hexdigest()[:20]
@@ -78,13 +85,28 @@ class NamesTable:
                         raise
                     exists = False
             if not exists:
-                await cursor.execute(self._create)
+                try:
+                    await cursor.execute(self._create)
+                except Exception as error:
+                    if errno(error) in _REFUSED:
+                        self._refused_by(error)
+                    raise
             for part in chunks(list(self.names), _FILL_ROWS):
                 values = cursor.mogrify(", ".join(["(%s)"] * len(part)), part)
                 # no parameters: the text goes as it is (no ``%`` interpolation)
                 await cursor.execute(q.fill_names(self.name, values))
         await driver.commit()
         info[self._key] = self._generation
+
+    def _refused_by(self, error: BaseException) -> None:
+        log.warning(
+            "the database refused a temporary table for this instance's %d job names (%s): "
+            "until it may, every poll sends all the names in its text, which the server parses "
+            "each time. Fix: GRANT CREATE TEMPORARY TABLES ON <database>.* TO <this user>",
+            len(self.names),
+            error,
+        )
+        self._refused()
 
     def is_gone(self, error: BaseException) -> bool:
         """A statement found this table missing (the session was reset under us)."""
@@ -118,8 +140,13 @@ class NamesTables:
         if table is None:
             if len(self._tables) >= 8:  # lists of names that come and go: keep the last few
                 self._tables.pop(next(iter(self._tables)))
-            table = self._tables[key] = NamesTable(self._db, key)
+            table = self._tables[key] = NamesTable(self._db, key, self._refused)
         return table
+
+    def _refused(self) -> None:
+        """No temporary tables for this user: the names go in the text from now on (the
+        statement that was refused fails; the next poll runs the text form)."""
+        self.enabled = False
 
 
 async def transaction(
