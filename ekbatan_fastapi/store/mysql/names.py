@@ -130,12 +130,20 @@ class NamesTables:
     def __init__(self, db: MySQLDatabase) -> None:
         self._db = db
         self._tables: dict[tuple[str, ...], NamesTable] = {}
+        self._last: tuple[Sequence[str], NamesTable] | None = None
         self.enabled = not isinstance(db.engine.sync_engine.pool, NullPool)
 
     def get(self, names: Sequence[str]) -> NamesTable | None:
         if not self.enabled or len(names) < NAMES_TABLE_MIN:
             return None
-        key = tuple(names)
+        last = self._last
+        if last is not None and last[0] is names and len(last[1].names) == len(names):
+            return last[1]  # the registry's own list, as at every poll: no hash of it
+        table = self._lookup(tuple(names))
+        self._last = (names, table)
+        return table
+
+    def _lookup(self, key: tuple[str, ...]) -> NamesTable:
         table = self._tables.get(key)
         if table is None:
             if len(self._tables) >= 8:  # lists of names that come and go: keep the last few

@@ -251,9 +251,7 @@ class MySQLTaskStore(TaskStore):
         if strategy == PollingStrategy.LOCK_AND_FETCH:
             if not self.supports_skip_locked:
                 raise ValueError(f"{self.dialect_name} has no FOR UPDATE SKIP LOCKED")
-            return await self._lock_and_fetch(
-                list(names), limit, picked_by, skip_paused, lease, ahead_ms
-            )
+            return await self._lock_and_fetch(names, limit, picked_by, skip_paused, lease, ahead_ms)
         candidates = self._polls.scan(skip_paused, ahead_ms)[0]
         params: dict[str, Any] = {"names": list(names), "limit": limit}
         if 0 < len(names) <= q.PER_NAME_MAX:
@@ -292,7 +290,7 @@ class MySQLTaskStore(TaskStore):
 
     async def _lock_and_fetch(
         self,
-        names: list[str],
+        names: Sequence[str],
         limit: int,
         picked_by: str,
         skip_paused: bool,
@@ -313,7 +311,7 @@ class MySQLTaskStore(TaskStore):
             params = {"names": listed, "limit": limit}
             if len(names) <= q.PER_NAME_MAX:
                 lock_due = self._polls.per_name(skip_paused, len(names), ahead_ms)[1]
-                params = {"limit": limit, **q.name_params(names)}
+                params = {"limit": limit, **q.name_params(list(names))}
             clock = (clock_sql.text, {"names": listed})
 
         async def run(cursor: Any) -> PollResult:
