@@ -318,11 +318,12 @@ async def fresh_schema(server_url: str, prefix: str) -> AsyncIterator[str]:
 
 @contextlib.asynccontextmanager
 async def fresh_task_store(server_url: str, prefix: str) -> AsyncIterator[tuple[AsyncEngine, Any]]:
-    """An engine (no pool) on a ``fresh_schema`` and the library's task store on it."""
+    """A pooled engine (as an application's, so MySQL/MariaDB's names table is used from 500
+    names on) on a ``fresh_schema`` and the library's task store on it."""
     from ekbatan_fastapi.store.dialects import open_store
 
     async with fresh_schema(server_url, prefix) as db_url:
-        engine = create_async_engine(db_url, poolclass=NullPool)
+        engine = create_async_engine(db_url, pool_size=2, max_overflow=0)
         try:
             yield engine, open_store(engine, engine.dialect.name).tasks
         finally:
