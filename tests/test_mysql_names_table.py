@@ -5,6 +5,7 @@ text (store/mysql/names.py)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -243,7 +244,7 @@ async def test_an_idle_poll_over_the_names_table_reads_a_few_rows(
         await conn.commit()
     [(table, _)] = await _session_tables(one_connection)
     async with one_connection.connect() as conn:
-        polls = store._polls.by_table(False, 0, table)
+        polls = store._polls.by_table(False, 0, table, table + "_b")
         plans = [
             r._mapping
             for sql in polls
@@ -287,3 +288,23 @@ async def test_without_the_temporary_tables_privilege_the_names_go_in_the_text(
         async with admin.begin() as conn:
             await conn.execute(text(f"DROP USER IF EXISTS '{user}'@'%'"))
         await admin.dispose()
+
+
+def test_each_statement_opens_each_names_table_once() -> None:
+    """MySQL cannot open one temporary table twice in a statement (``Can't reopen table``;
+    MariaDB, which the suite runs on, can): every statement over the names reads the table
+    and its twin at most once each, in every variant."""
+    from ekbatan_fastapi.store.mysql import statements as mq
+
+    k, k2 = f"{NAMES_TABLE_PREFIX}x", f"{NAMES_TABLE_PREFIX}x_b"
+    texts = [mq.dead_candidates("t", k, k2)]
+    for p in (None, "p"):
+        for due in (mq.due_by(0), mq.due_by(500)):
+            texts += [
+                mq.candidates("t", p, due, k, k2),
+                mq.lock_due("t", p, due, k),
+                mq.clock("t", p, k),
+            ]
+    for sql in texts:
+        tables = re.findall(rf"\b{NAMES_TABLE_PREFIX}x(?:_b)?\b", sql)
+        assert tables and len(tables) == len(set(tables)), sql

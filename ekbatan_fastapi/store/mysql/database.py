@@ -90,7 +90,8 @@ class MySQLDatabase(Database):
 
     def is_missing_table(self, error: BaseException) -> bool:
         """One of our tables is missing (not a session's names table: ``names.py``)."""
-        return errno(error) == ER_NO_SUCH_TABLE and q.NAMES_TABLE_PREFIX not in str(error)
+        message = str(getattr(error, "orig", None) or error)  # not SQLAlchemy's SQL text
+        return errno(error) == ER_NO_SUCH_TABLE and q.NAMES_TABLE_PREFIX not in message
 
     def commit_guard(self, seconds: float) -> list[Executable]:
         """``wait_timeout`` for this session: the server closes a connection that stays silent

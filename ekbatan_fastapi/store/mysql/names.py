@@ -44,13 +44,27 @@ NAMES_TABLE_MIN = 500
 text costs the server a few ms or less, and a new connection has nothing to fill)."""
 _FILL_ROWS = 1000
 """Names per ``INSERT`` filling the table."""
-_REFUSED = (1044, 1142)
-"""Access denied to the database / to the table: no ``CREATE TEMPORARY TABLES`` privilege."""
+_REFUSED = (1044, 1142, 1787)
+"""Access denied to the database / to the table (no ``CREATE TEMPORARY TABLES`` privilege);
+a ``CREATE TEMPORARY TABLE`` that GTID consistency forbids here (MySQL 5.7, or 8 with
+statement-based binary logging, in a session with ``autocommit=0``)."""
+_GENERATIONS: dict[str, int] = {}
+"""Per names table: raised when a statement found it gone, so that every connection (of every
+store with these names) fills it again."""
+
+
+def driver_message(error: BaseException) -> str:
+    """The server's own message (SQLAlchemy's text of an error also holds the SQL, which
+    names the names table whatever the error is about)."""
+    return str(getattr(error, "orig", None) or error)
 
 
 class NamesTable:
-    """One instance's job names in a temporary table, on each connection that runs its
-    statements (``ensure``)."""
+    """One instance's job names in two temporary tables with the same rows, on each connection
+    that runs its statements (``ensure``). Two, because MySQL cannot open one temporary table
+    twice in a statement (``Can't reopen table``; MariaDB can), and the fetch strategy's
+    candidates and the dead-execution check read the names twice: each statement reads
+    ``ref`` once and ``twin`` once at most."""
 
     def __init__(
         self, db: MySQLDatabase, names: Sequence[str], refused: Callable[[], None]
@@ -58,59 +72,86 @@ class NamesTable:
         self.names = tuple(names)
         self._db = db
         self._refused = refused
-        t = db.quoted(db.tables.tasks)
+        tasks = db.tables.tasks
+        t = db.quoted(tasks)
         digest = hashlib.sha256("\x00".join([t, *sorted(set(self.names))]).encode())
         self.name = q.NAMES_TABLE_PREFIX + digest.hexdigest()[:20]
-        self._create = q.create_names_table(self.name, t)
-        self._key = "ekbatan_names_table:" + self.name
-        self._generation = 0
-        """Raised when a statement found the table gone: every connection fills it again."""
+        # in the tasks table's schema when it names one (else the session's database)
+        schema = (
+            db.engine.dialect.identifier_preparer.quote_schema(tasks.schema) + "."
+            if tasks.schema
+            else ""
+        )
+        self.ref = schema + self.name
+        self.twin = schema + self.name + "_b"
+        self._create = q.create_names_table(self.ref, t)
+        self._key = "ekbatan_names_table:" + self.ref
+
+    @property
+    def refs(self) -> tuple[str, str]:
+        return self.ref, self.twin
 
     async def ensure(self, conn: AsyncConnection, driver: Any = None) -> None:
-        """Create and fill the table on ``conn`` unless it holds it already; committed before
-        the caller's transaction begins (``driver``: its asyncmy connection)."""
+        """Create and fill the tables on ``conn`` unless it holds them already; committed
+        before the caller's transaction begins (``driver``: its asyncmy connection)."""
         info = conn.info
-        if info.get(self._key, -1) == self._generation:
+        generation = _GENERATIONS.get(self.ref, 0)
+        if info.get(self._key, -1) == generation:
             return
         if driver is None:
             driver = (await conn.get_raw_connection()).driver_connection
-        exists = self._key in info  # an older generation, or a fill that failed half-way
+        stale = self._key in info  # an older generation, or a fill that failed half-way
         info[self._key] = None
         async with driver.cursor() as cursor:
-            if exists:  # emptied, or found gone (no DROP ... IF EXISTS: it warns when gone)
-                try:
-                    await cursor.execute(q.empty_names_table(self.name))
-                except Exception as error:
-                    if not self.is_gone(error):
-                        raise
-                    exists = False
-            if not exists:
-                try:
-                    await cursor.execute(self._create)
-                except Exception as error:
-                    if errno(error) in _REFUSED:
-                        self._refused_by(error)
-                    raise
+            exists = {ref: stale and await self._emptied(cursor, ref) for ref in self.refs}
+            if not exists[self.ref]:
+                await self._create_one(cursor, self._create)
+            if not exists[self.twin]:
+                await self._create_one(cursor, q.copy_names_table(self.twin, self.ref))
             for part in chunks(list(self.names), _FILL_ROWS):
                 values = cursor.mogrify(", ".join(["(%s)"] * len(part)), part)
                 # no parameters: the text goes as it is (no ``%`` interpolation)
-                await cursor.execute(q.fill_names(self.name, values))
+                await cursor.execute(q.fill_names(self.ref, values))
+            await cursor.execute(q.fill_names_from(self.twin, self.ref))
         await driver.commit()
-        info[self._key] = self._generation
+        info[self._key] = generation
+
+    async def _emptied(self, cursor: Any, ref: str) -> bool:
+        """Empty a table this session held; False when it is gone (no ``DROP ... IF EXISTS``:
+        it warns when the table is gone)."""
+        try:
+            await cursor.execute(q.empty_names_table(ref))
+            return True
+        except Exception as error:
+            if not self.is_gone(error):
+                raise
+            return False
+
+    async def _create_one(self, cursor: Any, statement: str) -> None:
+        try:
+            await cursor.execute(statement)
+        except Exception as error:
+            if errno(error) in _REFUSED:
+                self._refused_by(error)
+            if self._db.is_missing_table(error):  # no scheduled_tasks: the schema's error
+                raise self._db.missing_table(error) from error
+            raise
 
     def _refused_by(self, error: BaseException) -> None:
         log.warning(
             "the database refused a temporary table for this instance's %d job names (%s): "
-            "until it may, every poll sends all the names in its text, which the server parses "
-            "each time. Fix: GRANT CREATE TEMPORARY TABLES ON <database>.* TO <this user>",
+            "from now on every poll sends all the names in its text, which the server parses "
+            "each time (until the instance restarts). Fix: GRANT CREATE TEMPORARY TABLES ON "
+            "<database>.* TO <this user> (on error 1787, GTID consistency: run MySQL 8 with "
+            "binlog_format=ROW)",
             len(self.names),
             error,
         )
         self._refused()
 
     def is_gone(self, error: BaseException) -> bool:
-        """A statement found this table missing (the session was reset under us)."""
-        return errno(error) == ER_NO_SUCH_TABLE and self.name in str(error)
+        """A statement found one of these tables missing (the session was reset under us)."""
+        return errno(error) == ER_NO_SUCH_TABLE and self.name in driver_message(error)
 
     async def retried(self, run: Callable[[], Awaitable[T]]) -> T:
         """``run``, once more if it found the table gone (each connection fills it again)."""
@@ -119,7 +160,7 @@ class NamesTable:
         except Exception as error:
             if not self.is_gone(error):
                 raise
-            self._generation += 1
+            _GENERATIONS[self.ref] = _GENERATIONS.get(self.ref, 0) + 1
             return await run()
 
 

@@ -46,16 +46,17 @@ class PollStatements:
         )
 
     def _by_table(
-        self, skip_paused: bool, ahead_ms: int, k: str
+        self, skip_paused: bool, ahead_ms: int, k: str, k2: str
     ) -> tuple[TextClause, TextClause, TextClause]:
-        """As ``scan``, the names read from the temporary table ``k``."""
+        """As ``scan``, the names read from the temporary table ``k`` (and its twin ``k2``:
+        each statement opens each table once, as MySQL requires)."""
         p, due, sql = self._p if skip_paused else None, q.due_by(ahead_ms), self._db.sql
         return (
-            sql(q.candidates(self._t, p, due, k)),
+            sql(q.candidates(self._t, p, due, k, k2)),
             sql(q.lock_due(self._t, p, due, k)),
             sql(q.clock(self._t, p, k)),
         )
 
-    def _dead_by_table(self, k: str) -> TextClause:
-        """The dead-execution check's candidates, the names read from the table ``k``."""
-        return self._db.sql(q.dead_candidates(self._t, k))
+    def _dead_by_table(self, k: str, k2: str) -> TextClause:
+        """The dead-execution check's candidates, the names read from ``k`` and ``k2``."""
+        return self._db.sql(q.dead_candidates(self._t, k, k2))

@@ -22,6 +22,7 @@ __all__ = [
     "candidates_per_name",
     "claim",
     "clock",
+    "copy_names_table",
     "create_names_table",
     "dead_candidates",
     "delete_owned",
@@ -29,6 +30,7 @@ __all__ = [
     "empty_names_table",
     "existing",
     "fill_names",
+    "fill_names_from",
     "heartbeat",
     "heartbeat_keys",
     "lock_beating",
@@ -124,6 +126,16 @@ def create_names_table(k: str, t: str) -> str:
     )
 
 
+def copy_names_table(k2: str, k: str) -> str:
+    """A second temporary table like ``k`` (``names.NamesTable``: MySQL opens a temporary
+    table once per statement)."""
+    return f"CREATE TEMPORARY TABLE {k2} LIKE {k}"
+
+
+def fill_names_from(k2: str, k: str) -> str:
+    return f"INSERT INTO {k2} (task_name) SELECT task_name FROM {k}"
+
+
 def empty_names_table(k: str) -> str:
     return f"DELETE FROM {k}"
 
@@ -168,11 +180,14 @@ def _due_per_name(t: str, p: str | None, count: int, due: str = NOW) -> str:
 # -- claiming ----------------------------------------------------------------------------------
 
 
-def candidates(t: str, p: str | None, due: str = NOW, k: str | None = None) -> str:
+def candidates(
+    t: str, p: str | None, due: str = NOW, k: str | None = None, k2: str | None = None
+) -> str:
     """Fetch, step 1 (no locks): the clock, the next due time and the candidates (due by
-    ``due``: ``due_by``; the names from the table ``k`` when given)."""
+    ``due``: ``due_by``; the names from the table ``k`` when given, and its twin ``k2`` for
+    the next due time: MySQL opens a temporary table once per statement)."""
     wanted = _wanted(p, k)
-    next_due = _next_due(t, p, k, due)
+    next_due = _next_due(t, p, k2 or k, due)
     return f"""
 SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
 FROM (SELECT {NOW} AS db_now, {next_due} AS next_due) AS x
@@ -347,16 +362,16 @@ def still_owned(t: str) -> str:
     return f"SELECT task_name, task_instance FROM {t} {BY_KEY} WHERE {OWNED} AND picked = 1"
 
 
-def dead_candidates(t: str, k: str | None = None) -> str:
+def dead_candidates(t: str, k: str | None = None, k2: str | None = None) -> str:
     """The candidates, and (in the row with a NULL key) when the next picked row would die if
-    its heartbeats stopped now (the names from the table ``k`` when given)."""
-    names = _wanted(None, k)
+    its heartbeats stopped now (the names from the table ``k`` and its twin ``k2`` when
+    given, one per part)."""
     return f"""
 SELECT task_name, task_instance, version, NULL AS next_death FROM {t}
-WHERE {names} AND {DEAD}
+WHERE {_wanted(None, k)} AND {DEAD}
 UNION ALL
 SELECT NULL, NULL, NULL, MIN(last_heartbeat) + INTERVAL :dead_us MICROSECOND FROM {t}
-WHERE {names} AND picked = 1
+WHERE {_wanted(None, k2 or k)} AND picked = 1
   AND last_heartbeat >= {NOW} - INTERVAL :dead_us MICROSECOND
 """
 

@@ -258,7 +258,7 @@ class MySQLTaskStore(TaskStore):
             candidates = self._polls.per_name(skip_paused, len(names), ahead_ms)[0]
             params.update(q.name_params(list(names)))
         if table := self._names.get(names):
-            candidates = self._polls.by_table(skip_paused, ahead_ms, table.name)[0]
+            candidates = self._polls.by_table(skip_paused, ahead_ms, *table.refs)[0]
             params = {"limit": limit}
 
         async def read() -> list[Any]:
@@ -302,7 +302,7 @@ class MySQLTaskStore(TaskStore):
             return PollResult([], known_time((await self.db.clock())[0]), None)
         table = self._names.get(names)
         if table:  # the names from a temporary table (``names.py``)
-            _, lock_due, clock_sql = self._polls.by_table(skip_paused, ahead_ms, table.name)
+            _, lock_due, clock_sql = self._polls.by_table(skip_paused, ahead_ms, *table.refs)
             params: dict[str, Any] = {"limit": limit}
             clock: tuple[str, dict[str, Any]] = (clock_sql.text, {})
         else:
@@ -457,7 +457,7 @@ class MySQLTaskStore(TaskStore):
             return Revival([], None)
         dead_us = dead_after // timedelta(microseconds=1)
         table = self._names.get(names)
-        check = self._polls.dead_by_table(table.name) if table else self._dead_candidates
+        check = self._polls.dead_by_table(*table.refs) if table else self._dead_candidates
         params: dict[str, Any] = {"dead_us": dead_us}
         if not table:
             params["names"] = self._inline.get(names, "dead")
