@@ -9,7 +9,7 @@ statement (1.5 MB of text and ~140 ms per statement with 100,000 names; docs/BEN
 read ``task_name IN (SELECT task_name FROM <table>)``: about 1 ms at any count.
 
 A temporary table lives as long as its session and is seen by no other: each pooled
-connection fills its own at first use (0.5 s for 100,000 names, 5 ms for 1,000), and a new
+connection fills its own at first use (0.9 s for 100,000 names, 14 ms for 1,000), and a new
 connection (after an outage, a recycle) fills it again. ``conn.info`` (SQLAlchemy's state of
 the pooled DBAPI connection, cleared when it is replaced) says which connections hold it.
 The table's name is a digest of the scheduled-tasks table and the names, so two schedulers on
