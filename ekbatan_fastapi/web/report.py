@@ -18,6 +18,7 @@ from ..domain.durations import format_iso_duration
 from ..domain.errors import DatabaseUnavailable, SchemaMissingError
 from ..domain.job import DistributedJob, Job, OneTimeJob
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
+from ..domain.rows import TaskKey
 from ..domain.tasks import ScheduledTask, derive_state, heartbeat_age, overdue_after
 from ..domain.text import redact
 from ..store.database import Diagnosis
@@ -219,6 +220,9 @@ async def build_report(
     tasks: list[TaskView] = []
     pauses: dict[str, PauseInfo] = {}
     instances: list[InstanceInfo] = []
+    # what this instance held before the rows were read: a result recorded while they were
+    # read shows as a row still picked, no longer held (not an orphaned claim)
+    held = set(state.registry.scheduler.running)
     try:
         async with asyncio.timeout(timeout):
             rows = await state.client.list(name, limit=limit, offset=offset)
@@ -254,7 +258,7 @@ async def build_report(
                 f"heartbeat {_age(task.heartbeat_age_seconds)}; it will be revived and run again"
             )
     jobs = await job_views(state, name, warnings) if now is not None else []
-    problems += _orphans(state, tasks, instances, now)
+    problems += _orphans(state, tasks, instances, now, held)
     scheduler = scheduler_view(state)
     problems += _condition(state, scheduler)
     return JobsReport(
@@ -341,6 +345,7 @@ def _orphans(
     tasks: list[TaskView],
     instances: list[InstanceInfo],
     now: datetime | None,
+    held: set[TaskKey],
 ) -> list[str]:
     """Rows picked by a live instance that does not run them (a claim whose answer it never
     saw): this instance knows what it runs; another live instance that reported itself well
@@ -358,7 +363,8 @@ def _orphans(
         if now - task.last_heartbeat <= grace:
             continue
         if task.picked_by == scheduler.name:
-            if (task.name, task.instance) in scheduler.running:
+            key = (task.name, task.instance)
+            if key in held or key in scheduler.running:  # before the read, or since
                 continue
             who = "this instance"
         elif task.picked_by in seen and seen[task.picked_by] - task.last_heartbeat > grace:
