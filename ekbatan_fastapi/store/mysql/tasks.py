@@ -252,14 +252,15 @@ class MySQLTaskStore(TaskStore):
             if not self.supports_skip_locked:
                 raise ValueError(f"{self.dialect_name} has no FOR UPDATE SKIP LOCKED")
             return await self._lock_and_fetch(names, limit, picked_by, skip_paused, lease, ahead_ms)
-        candidates = self._polls.scan(skip_paused, ahead_ms)[0]
-        params: dict[str, Any] = {"names": list(names), "limit": limit}
-        if 0 < len(names) <= q.PER_NAME_MAX:
-            candidates = self._polls.per_name(skip_paused, len(names), ahead_ms)[0]
-            params.update(q.name_params(list(names)))
-        if table := self._names.get(names):
+        params: dict[str, Any] = {"limit": limit}
+        if table := self._names.get(names):  # no copy of the names: they are in the table
             candidates = self._polls.by_table(skip_paused, ahead_ms, *table.refs)[0]
-            params = {"limit": limit}
+        else:
+            candidates = self._polls.scan(skip_paused, ahead_ms)[0]
+            params["names"] = list(names)
+            if 0 < len(names) <= q.PER_NAME_MAX:
+                candidates = self._polls.per_name(skip_paused, len(names), ahead_ms)[0]
+                params.update(q.name_params(list(names)))
 
         async def read() -> list[Any]:
             async with self.db.connect() as conn:
