@@ -206,6 +206,37 @@ class _DriverWarnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+_DROP_LOCK_WAIT = 20
+"""Seconds the test database's DROP waits for a session still holding one of its tables (the
+server's own default is a day: a leaked connection would hang the run, saying nothing)."""
+
+
+async def _drop_mysql_database(admin: AsyncEngine, name: str) -> list[dict[str, Any]]:
+    """Drop the test database; returns the sessions that still held it (killed first)."""
+    async with admin.connect() as conn:
+        await conn.execute(text(f"SET SESSION lock_wait_timeout = {_DROP_LOCK_WAIT}"))
+        try:
+            await conn.execute(text(f"DROP DATABASE `{name}`"))
+            return []
+        except Exception as error:
+            if "1205" not in str(error):  # ER_LOCK_WAIT_TIMEOUT
+                raise
+        rows = await conn.execute(
+            text(
+                "SELECT p.id, p.command, p.time, p.state, p.info, t.trx_state, t.trx_started "
+                "FROM information_schema.processlist p LEFT JOIN information_schema.innodb_trx t "
+                "ON t.trx_mysql_thread_id = p.id WHERE p.db = :db AND p.id <> CONNECTION_ID()"
+            ),
+            {"db": name},
+        )
+        left = [dict(row._mapping) for row in rows]
+        for session in left:
+            with contextlib.suppress(Exception):
+                await conn.execute(text(f"KILL {int(session['id'])}"))
+        await conn.execute(text(f"DROP DATABASE `{name}`"))
+        return left or [{"state": "none found: the DROP waited on a session of another db"}]
+
+
 @contextlib.asynccontextmanager
 async def fresh_mysql_database(server_url: str) -> AsyncIterator[str]:
     """An empty database on the MySQL/MariaDB server (sessions at time_zone -08:00)."""
@@ -223,9 +254,9 @@ async def fresh_mysql_database(server_url: str) -> AsyncIterator[str]:
             yield url.set(database=name).render_as_string(hide_password=False)
         finally:
             logging.getLogger("asyncmy").removeHandler(warnings)
-            async with admin.begin() as conn:
-                await conn.execute(text(f"DROP DATABASE `{name}`"))
+            left = await _drop_mysql_database(admin, name)
         assert warnings.messages == [], f"the server sent warnings: {warnings.messages}"
+        assert not left, f"sessions were left open on the test database, killed: {left}"
     finally:
         await admin.dispose()
 
