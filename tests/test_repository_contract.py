@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, text, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import event, insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ekbatan_fastapi import scheduled_tasks
 from ekbatan_fastapi.domain.rows import Finish, FinishKind, NewTask, Owned, Revival
@@ -389,3 +390,32 @@ async def test_names_differing_only_in_case_are_one_row_on_mysql_two_on_postgres
         assert await repo.upsert(NewTask("REPORT", "a", at), replace=False) is False
     else:
         assert again == [("report", "a"), ("report", "b")]
+
+
+async def test_revive_dead_keeps_the_sessions_own_lock_wait_bound(
+    any_database: Database, any_engine: AsyncEngine
+) -> None:
+    """Without ``SKIP LOCKED`` the check waits at most a second for a row lock; afterwards the
+    session has its own bound again (the pool's, here 7 s), not the server's default (50 s)."""
+    if any_database.dialect != "mysql5":
+        pytest.skip("the bounded lock wait of MySQL 5.7's revival")
+    engine = create_async_engine(any_database.url, pool_size=1, max_overflow=0)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def bound(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET SESSION innodb_lock_wait_timeout = 7")
+        cursor.close()
+
+    try:
+        repo = open_store(engine, any_database.dialect).tasks
+        await _due_rows(any_engine, "d", 1)
+        await repo.poll(["d"], 10, "gone", any_database.strategies[0])
+        async with any_engine.begin() as conn:
+            await conn.execute(update(T).values(last_heartbeat=datetime(2000, 1, 1)))
+        assert len((await repo.revive_dead(["d"], timedelta(minutes=1))).revived) == 1
+        async with engine.connect() as conn:
+            wait = (await conn.execute(text("SELECT @@SESSION.innodb_lock_wait_timeout"))).one()
+        assert wait[0] == 7
+    finally:
+        await engine.dispose()

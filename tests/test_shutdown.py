@@ -148,3 +148,31 @@ async def test_stop_during_a_claim_runs_what_was_claimed(
     async with engine.connect() as conn:
         left = (await conn.execute(text("SELECT count(*) FROM scheduled_tasks"))).scalar_one()
     assert left == 0, "a claimed row was left picked, run by nobody"
+
+
+async def test_a_loop_that_ignores_its_cancellation_does_not_hold_up_the_stop(
+    registries: RegistryFactory, monkeypatch: Any, caplog: Any
+) -> None:
+    """A loop stuck past its cancellation (a statement on a connection that went silent, whose
+    close waits too) is left behind after a bound, named in a warning: the stop ends."""
+    from ekbatan_fastapi.engine import scheduler as module
+
+    monkeypatch.setattr(module, "_CANCEL_WAIT", 0.2)
+    registry = await registries.start(RecordingJob("tick", Schedules.fixed_delay(timedelta(1))))
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue
+
+    sched = registry.scheduler
+    sched._tasks["housekeeper"].cancel()
+    sched._tasks["housekeeper"] = asyncio.create_task(stubborn())
+    began = time.monotonic()
+    await asyncio.wait_for(sched.stop(), timeout=10)
+    assert time.monotonic() - began < 5
+    assert "the housekeeper did not end within" in caplog.text
+    release.set()

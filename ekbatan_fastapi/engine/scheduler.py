@@ -61,6 +61,10 @@ __all__ = ["Scheduler"]
 
 log = library_logger(__name__)
 
+_CANCEL_WAIT = 5.0
+"""Seconds a stop waits for a cancelled loop to end (a statement cancelled on a silent
+connection costs SQLAlchemy's polite close, 2 s): past it, the loop is left behind."""
+
 
 def _strategy(config: SchedulerConfig, store: Store) -> PollingStrategy:
     """The configured polling strategy, or the dialect's best."""
@@ -400,12 +404,24 @@ class Scheduler:
         """Cancel the named loops all at once, then wait for them: a loop cancelled in a
         statement on a silent connection takes SQLAlchemy's polite close (2 s), and those
         waits overlap instead of adding up."""
-        tasks = [self._tasks[name] for name in names if name in self._tasks]
+        tasks = {self._tasks[name]: name for name in names if name in self._tasks}
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=_CANCEL_WAIT)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.warning(
+                    "scheduler %s: the %s ended with %r", self.name, tasks[task], task.exception()
+                )
+        for task in pending:  # never a stop that waits on a connection that went silent
+            log.warning(
+                "scheduler %s: the %s did not end within %.0fs of its cancellation; left behind",
+                self.name,
+                tasks[task],
+                _CANCEL_WAIT,
+            )
 
     async def _supervise(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Run a loop; if it crashes, log it, count it, and restart it after a backoff."""

@@ -56,7 +56,7 @@ class MySQL5TaskStore(MySQLTaskStore):
                     await conn.execute(self._release, owned_params(owned))
                 return rows
             finally:
-                await conn.execute(self._default_lock_wait)
+                await conn.execute(self._restore_lock_wait)
 
         return await self.db.transaction(run, read_committed=True)
 
@@ -65,5 +65,5 @@ class MySQL5TaskStore(MySQLTaskStore):
         return self.db.sql(q.SHORT_LOCK_WAIT)
 
     @property
-    def _default_lock_wait(self) -> TextClause:
-        return self.db.sql(q.DEFAULT_LOCK_WAIT)
+    def _restore_lock_wait(self) -> TextClause:
+        return self.db.sql(q.RESTORE_LOCK_WAIT)

@@ -11,12 +11,12 @@ from __future__ import annotations
 __all__ = [
     "BY_KEY",
     "CLOCK",
-    "DEFAULT_LOCK_WAIT",
     "EXPANDING",
     "NAMES_TABLE_PREFIX",
     "NOW",
     "PER_NAME_MAX",
     "READ_COMMITTED",
+    "RESTORE_LOCK_WAIT",
     "SHORT_LOCK_WAIT",
     "candidates",
     "candidates_per_name",
@@ -80,9 +80,14 @@ DEAD = (
     f"OR last_heartbeat < {NOW} - INTERVAL :dead_us MICROSECOND)"
 )
 READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
-SHORT_LOCK_WAIT = "SET SESSION innodb_lock_wait_timeout = 1"
-"""Where ``SKIP LOCKED`` is missing: a row lock waited for at most a second."""
-DEFAULT_LOCK_WAIT = "SET SESSION innodb_lock_wait_timeout = DEFAULT"
+SHORT_LOCK_WAIT = (
+    "SET @ekbatan_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
+    "SESSION innodb_lock_wait_timeout = 1"
+)
+"""Where ``SKIP LOCKED`` is missing: a row lock waited for at most a second (the session's own
+bound is kept aside for ``RESTORE_LOCK_WAIT``)."""
+RESTORE_LOCK_WAIT = "SET SESSION innodb_lock_wait_timeout = @ekbatan_lock_wait"
+"""The session's bound as it was (the pool's, see ``connect.py``; not the server's default)."""
 EXPANDING = ("names", "keys", "owned")
 """The list parameters (``IN :x``); every statement's parameter of these names expands."""
 
