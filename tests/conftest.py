@@ -223,18 +223,19 @@ async def _drop_mysql_database(admin: AsyncEngine, name: str) -> list[dict[str, 
                 raise
         rows = await conn.execute(
             text(
-                "SELECT p.id, p.command, p.time, p.state, p.info, t.trx_state, t.trx_started "
-                "FROM information_schema.processlist p LEFT JOIN information_schema.innodb_trx t "
-                "ON t.trx_mysql_thread_id = p.id WHERE p.db = :db AND p.id <> CONNECTION_ID()"
-            ),
-            {"db": name},
+                "SELECT p.id, p.db, p.command, p.time, p.state, p.info, t.trx_state, "
+                "t.trx_started FROM information_schema.processlist p LEFT JOIN "
+                "information_schema.innodb_trx t ON t.trx_mysql_thread_id = p.id "
+                "WHERE p.id <> CONNECTION_ID()"
+            )
         )
-        left = [dict(row._mapping) for row in rows]
+        sessions = [dict(row._mapping) for row in rows]
+        left = [session for session in sessions if session["db"] == name]
         for session in left:
             with contextlib.suppress(Exception):
                 await conn.execute(text(f"KILL {int(session['id'])}"))
         await conn.execute(text(f"DROP DATABASE `{name}`"))
-        return left or [{"state": "none found: the DROP waited on a session of another db"}]
+        return left or [{"none on the database; all sessions": sessions}]
 
 
 @contextlib.asynccontextmanager
