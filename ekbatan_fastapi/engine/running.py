@@ -7,11 +7,27 @@ import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from ..domain.rows import TaskKey
 from .execution import Execution
 
-__all__ = ["RunState", "RunningExecutions"]
+__all__ = ["Holdings", "RunState", "RunningExecutions"]
+
+
+class Holdings(NamedTuple):
+    """What an instance held at one moment, to tell whether a row it has picked is an
+    orphaned claim (see ``RunningExecutions.holdings``)."""
+
+    keys: frozenset[TaskKey]
+    launches: int
+    claiming: bool
+
+    def settled_since(self, later: Holdings) -> bool:
+        """No claim was in flight at either moment and nothing was launched in between: a
+        row picked by this instance and held at neither moment is not the answer of a claim
+        being processed (nor one whose execution started and ended in between)."""
+        return not (self.claiming or later.claiming) and self.launches == later.launches
 
 
 @dataclass
@@ -47,6 +63,8 @@ class RunningExecutions:
         self.by_key: dict[TaskKey, Execution] = {}
         self.executing = 0
         """Executions whose job has not returned yet."""
+        self.launches = 0
+        """Executions started so far (a counter only moment-to-moment comparisons read)."""
         self._on_capacity = on_capacity
         self._waiting = False
 
@@ -68,6 +86,7 @@ class RunningExecutions:
     def started(self, execution: Execution) -> None:
         self.by_key[execution.row.key] = execution
         self.executing += 1
+        self.launches += 1
 
     def returned(self) -> None:
         """An execution's job returned (or raised): its place in the batch is free."""
@@ -88,6 +107,9 @@ class RunningExecutions:
         if self._waiting and len(self.by_key) < 2 * self.batch_size:
             self._waiting = False
             self._on_capacity()
+
+    def holdings(self, state: RunState) -> Holdings:
+        return Holdings(frozenset(self.by_key), self.launches, state.claiming)
 
     def async_labels(self) -> list[str]:
         """The running ``async def`` executions (suspects when the event loop blocks)."""

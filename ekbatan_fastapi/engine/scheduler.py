@@ -48,7 +48,7 @@ from .link import DatabaseLink
 from .listener import Listener
 from .observer import ObserverDispatch
 from .poller import Poller
-from .running import RunningExecutions, RunState
+from .running import Holdings, RunningExecutions, RunState
 from .slots import SlotCounter
 from .startup import Startup
 from .status import ExecutionStatus, SchedulerStatus
@@ -266,6 +266,12 @@ class Scheduler:
     def running(self) -> dict[TaskKey, Execution]:
         """The executions this instance holds, by row (running, or recording their result)."""
         return self.executions.by_key
+
+    def holdings(self) -> Holdings:
+        """The rows held now, how many executions were launched so far, and whether a claim
+        is in flight: two of these, taken around a read of the rows, tell an orphaned claim
+        from one whose answer was being processed (``Holdings.settled_since``)."""
+        return self.executions.holdings(self.state)
 
     @property
     def is_shutting_down(self) -> bool:

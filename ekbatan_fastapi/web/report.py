@@ -18,9 +18,9 @@ from ..domain.durations import format_iso_duration
 from ..domain.errors import DatabaseUnavailable, SchemaMissingError
 from ..domain.job import DistributedJob, Job, OneTimeJob
 from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
-from ..domain.rows import TaskKey
 from ..domain.tasks import ScheduledTask, derive_state, heartbeat_age, overdue_after
 from ..domain.text import redact
+from ..engine.running import Holdings
 from ..store.database import Diagnosis
 from .state import EkbatanState
 from .views import (
@@ -222,7 +222,7 @@ async def build_report(
     instances: list[InstanceInfo] = []
     # what this instance held before the rows were read: a result recorded while they were
     # read shows as a row still picked, no longer held (not an orphaned claim)
-    held = set(state.registry.scheduler.running)
+    held = state.registry.scheduler.holdings()
     try:
         async with asyncio.timeout(timeout):
             rows = await state.client.list(name, limit=limit, offset=offset)
@@ -345,7 +345,7 @@ def _orphans(
     tasks: list[TaskView],
     instances: list[InstanceInfo],
     now: datetime | None,
-    held: set[TaskKey],
+    held: Holdings,
 ) -> list[str]:
     """Rows picked by a live instance that does not run them (a claim whose answer it never
     saw): this instance knows what it runs; another live instance that reported itself well
@@ -354,6 +354,10 @@ def _orphans(
     if now is None:
         return []
     scheduler = state.registry.scheduler
+    now_held = scheduler.holdings()
+    # A claim answered while the rows were read (or still in flight) has rows picked by this
+    # instance that are no orphans: judged at the next report.
+    judge_own = held.settled_since(now_held)
     grace = 2 * state.registry.config.heartbeat_interval
     seen = {i.name: i.last_seen for i in instances if i.alive}
     found = []
@@ -364,7 +368,7 @@ def _orphans(
             continue
         if task.picked_by == scheduler.name:
             key = (task.name, task.instance)
-            if key in held or key in scheduler.running:  # before the read, or since
+            if not judge_own or key in held.keys or key in now_held.keys:
                 continue
             who = "this instance"
         elif task.picked_by in seen and seen[task.picked_by] - task.last_heartbeat > grace:
