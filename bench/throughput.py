@@ -112,6 +112,9 @@ class BenchOptions:
     with its completion and history), instead of the batched completion."""
     max_concurrency: int | None = None
     """Give the no-op job this cluster-wide concurrency limit (claimed under its lock)."""
+    unknown_rows: int = 0
+    """Rows of ten task names no worker knows (another service sharing the table), half due a
+    day ago and half due tomorrow, inserted with the table before each run; never touched."""
     """Before each run, wait up to this many seconds for the machine to be quiet (CPU busy
     at most ``_QUIET``); the busy fraction seen is reported with the run either way."""
 
@@ -376,11 +379,53 @@ async def recreate_table(engine: AsyncEngine) -> None:
         await conn.execute(text(f"TRUNCATE TABLE {HISTORY_TABLE}"))
 
 
-async def load_table(engine: AsyncEngine, n: int, how: str, *, recreate: bool = True) -> float:
-    """Recreate the table (unless not ``recreate``) and insert ``n`` due rows; returns the
-    insert's seconds."""
+UNKNOWN_NAMES = 10
+"""The task names of ``--unknown-rows`` (``other-service-0`` ... ``-9``)."""
+
+
+async def insert_unknown(engine: AsyncEngine, count: int) -> None:
+    """``count`` rows of task names no worker knows: half due a day ago, half due tomorrow."""
+    if count <= 0:
+        return
+    if engine.dialect.name in ("mysql", "mariadb"):
+        async with engine.connect() as conn:
+            version = str((await conn.execute(text("SELECT VERSION()"))).scalar_one())
+        if "mariadb" in version.lower():  # the Sequence engine
+            numbers = f"(SELECT seq AS i FROM seq_1_to_{int(count)}) AS s"
+        else:
+            numbers = (
+                "(WITH RECURSIVE s (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s "
+                f"WHERE i < {int(count)}) SELECT i FROM s) AS s"
+            )
+        sql = (
+            f"INSERT INTO {TABLE} (task_name, task_instance, execution_time, picked, version, "
+            f"priority) SELECT CONCAT('other-service-', i % {UNKNOWN_NAMES}), CONCAT('u', i), "
+            "IF(i % 2 = 0, UTC_TIMESTAMP(6) - INTERVAL 1 DAY, UTC_TIMESTAMP(6) + INTERVAL 1 DAY), "
+            f"0, 1, 0 FROM {numbers}"
+        )
+        async with engine.begin() as conn:
+            if "mariadb" not in version.lower():
+                await conn.execute(text("SET SESSION cte_max_recursion_depth = 4294967295"))
+            await conn.execute(text(sql))
+        return
+    sql = (
+        f"INSERT INTO {TABLE} (task_name, task_instance, execution_time, picked, version, "
+        f"priority) SELECT 'other-service-' || (i % {UNKNOWN_NAMES}), 'u' || i, CASE WHEN "
+        "i % 2 = 0 THEN now() - interval '1 day' ELSE now() + interval '1 day' END, false, 1, 0 "
+        "FROM generate_series(1, :n) AS i"
+    )
+    async with engine.begin() as conn:
+        await conn.execute(text(sql), {"n": count})
+
+
+async def load_table(
+    engine: AsyncEngine, n: int, how: str, *, recreate: bool = True, unknown: int = 0
+) -> float:
+    """Recreate the table (unless not ``recreate``), with ``unknown`` rows of other task names,
+    and insert ``n`` due rows; returns the insert's seconds."""
     if recreate:
         await recreate_table(engine)
+        await insert_unknown(engine, unknown)
     auto = engine.execution_options(isolation_level="AUTOCOMMIT")
     mysql = engine.dialect.name in ("mysql", "mariadb")
     started = time.perf_counter()
@@ -428,12 +473,14 @@ async def load_table(engine: AsyncEngine, n: int, how: str, *, recreate: bool = 
 
 
 async def table_state(engine: AsyncEngine) -> tuple[int, int]:
+    """The benchmark's own rows left, and how many of them are picked (``--unknown-rows``
+    are not counted)."""
+    sql = (
+        f"SELECT count(*), COALESCE(SUM(CASE WHEN picked THEN 1 END), 0) FROM {TABLE} "
+        "WHERE task_name = :name"
+    )
     async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                text(f"SELECT count(*), COALESCE(SUM(CASE WHEN picked THEN 1 END), 0) FROM {TABLE}")
-            )
-        ).one()
+        row = (await conn.execute(text(sql), {"name": TASK_NAME})).one()
     return int(row[0]), int(row[1])
 
 
@@ -708,8 +755,11 @@ async def run_once(
     try:
         if options.warm:
             await recreate_table(engine)
+            await insert_unknown(engine, options.unknown_rows)
         else:
-            load_seconds = await load_table(engine, options.n, options.insert)
+            load_seconds = await load_table(
+                engine, options.n, options.insert, unknown=options.unknown_rows
+            )
         busy_before = await settle(options.settle)
         loop = asyncio.get_running_loop()
         start_deadline = loop.time() + options.timeout
@@ -1153,6 +1203,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="workers run on uvloop (pip install uvloop; uvicorn's loop when installed)",
     )
+    p.add_argument(
+        "--unknown-rows",
+        type=int,
+        default=0,
+        help="also F rows of ten task names no worker knows (half due, half due tomorrow)",
+    )
     p.add_argument("--json", type=Path, help="write every run and the summary here")
     p.add_argument("--cprofile-dir", type=Path, help="cProfile each worker's timed part")
     p.add_argument("--worker-prefix", default="", help="e.g. 'py-spy record -o x.svg --'")
@@ -1207,6 +1263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pgbouncer=args.pgbouncer,
         uvloop=args.uvloop,
         warm=args.warm,
+        unknown_rows=args.unknown_rows,
     )
     if args.url:
         check_local(args.url)
@@ -1219,8 +1276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(
         f"N={options.n}, repeat={options.repeat}, batch={options.batch_size or 'default'}, "
-        f"polling interval={options.polling_interval or 'default'}; "
-        + ", ".join(f"{k} {v}" for k, v in info.items())
+        f"polling interval={options.polling_interval or 'default'}, "
+        f"unknown rows={options.unknown_rows:,}; " + ", ".join(f"{k} {v}" for k, v in info.items())
     )
     print(format_table(summaries, options.n))
     if args.json:

@@ -33,7 +33,8 @@ async def test_throughput_harness_completes_with_matching_counts(
 async def test_throughput_harness_warm_mode_gives_started_workers_the_rows(
     postgres_server_url: str,
 ) -> None:
-    """``--warm``: the schedulers start first, the rows are inserted after (a running fleet)."""
+    """``--warm``: the schedulers start first, the rows are inserted after (a running fleet);
+    with ``--unknown-rows`` beside them, which no worker claims or counts."""
     options = BenchOptions(
         n=200,
         processes=(2,),
@@ -42,6 +43,7 @@ async def test_throughput_harness_warm_mode_gives_started_workers_the_rows(
         timeout=60.0,
         verbose=False,
         warm=True,
+        unknown_rows=500,
     )
     results, _ = await run_benchmark(options, postgres_server_url)
 
