@@ -187,6 +187,9 @@ async def test_polls_claim_by_priority_then_time_within_and_across_names(
         result = await repo.poll(["a", "b"], 1, "me", PollingStrategy.FETCH)
         claimed += [r.task_instance for r in result.claimed]
     assert claimed == expected
+    # nothing due any more: the next due time (a full batch may leave it unread, MySQL/MariaDB)
+    result = await repo.poll(["a", "b"], 1, "me", PollingStrategy.FETCH)
+    assert result.claimed == []
     assert result.next_due is not None and result.next_due > now  # "a-future"
     for strategy in PollingStrategy:
         if strategy == PollingStrategy.LOCK_AND_FETCH and not repo.supports_skip_locked:
@@ -268,3 +271,54 @@ async def test_mysql_polls_never_read_other_rows(
         i for _ in known for i in instances
     )
     assert {r.task_name for r in result.claimed} == set(known)
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["one-name", "three-names"])
+async def test_mysql_fetch_poll_does_not_read_a_known_backlog_for_its_next_due_time(
+    any_database: Database, any_engine: AsyncEngine, count: int
+) -> None:
+    """The fetch strategy's next due time is read only when fewer than a batch are due: with
+    foreign rows, its ``MIN`` runs through our index, where a name's due rows come before its
+    future ones, and read the whole backlog at every poll (20,204 rows for 20,000 due). When
+    the batch is not full it is still read, and right."""
+    if not is_mysql(any_engine):
+        pytest.skip("the fetch statements of MySQL/MariaDB")
+    from ekbatan_fastapi.store.mysql import statements as mq
+
+    await _fill(any_engine)
+    backlog = (
+        "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, picked, "
+        "version, priority) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+        "WHERE i < 3000) SELECT :name, CONCAT('b', i), UTC_TIMESTAMP(6) - INTERVAL 2 MINUTE, "
+        "0, 1, 0 FROM n"
+    )
+    async with any_engine.begin() as conn:
+        await conn.execute(text(backlog), {"name": KNOWN[0]})
+        await conn.execute(text("ANALYZE TABLE scheduled_tasks"))
+    store: Any = open_store(any_engine, any_database.dialect).tasks
+    sql = store.db.sql(mq.candidates_per_name("scheduled_tasks", "ekbatan_paused_tasks", count))
+    known = KNOWN[:count]
+    full = {"names": known, "limit": 50, **mq.name_params(known)}
+    async with any_engine.connect() as conn:
+        before = await _rows_read(conn)
+        rows = list(await conn.execute(sql, full))
+        read = await _rows_read(conn) - before
+        await conn.rollback()
+        assert len(rows) == 50
+        assert read < 500, read
+        # KNOWN[1] alone: 3 due rows and one in an hour, which is the next due time
+        single = store.db.sql(mq.candidates_per_name("scheduled_tasks", None, 1))
+        rows = list(
+            await conn.execute(single, {"names": [KNOWN[1]], "limit": 50, "name_0": KNOWN[1]})
+        )
+        later = (
+            await conn.execute(
+                text(
+                    "SELECT execution_time FROM scheduled_tasks WHERE task_instance = 'later' "
+                    "AND task_name = :n"
+                ),
+                {"n": KNOWN[1]},
+            )
+        ).scalar_one()
+        await conn.rollback()
+    assert len(rows) == 3 and rows[0][1] == later

@@ -118,6 +118,20 @@ def _next_due(t: str, p: str | None, k: str | None, due: str | None = None) -> s
     )
 
 
+def _unless_full(t: str, p: str | None, due: str, next_due: str) -> str:
+    """``next_due`` only when fewer than ``:limit`` rows are due: a full batch makes the
+    poller poll again at once, without reading it. The ``MIN`` runs through
+    ``ekbatan_task_name_priority_idx`` once foreign rows make the time index the worse choice,
+    and there a name's due rows come before its future ones: with a backlog it read all of them
+    at every poll (20,204 rows for 20,000 due; 304 so). MySQL evaluates a ``CASE`` branch only
+    when it is taken."""
+    due_rows = (
+        f"SELECT 1 FROM {t} WHERE picked = 0 AND execution_time <= {due} AND {_wanted(p)} "
+        "LIMIT :limit"
+    )
+    return f"CASE WHEN (SELECT COUNT(*) FROM ({due_rows}) AS d) < :limit THEN {next_due} END"
+
+
 NAMES_TABLE_PREFIX = "ekbatan_names_"
 """The session temporary tables of job names (``store/mysql/names.py``) start so."""
 
@@ -193,6 +207,8 @@ def candidates(
     the next due time: MySQL opens a temporary table once per statement)."""
     wanted = _wanted(p, k)
     next_due = _next_due(t, p, k2 or k, due)
+    if not k:  # (a names table is walked in time order from ``due``: no backlog read)
+        next_due = _unless_full(t, p, due, next_due)
     return f"""
 SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
 FROM (SELECT {NOW} AS db_now, {next_due} AS next_due) AS x
@@ -222,11 +238,10 @@ def candidates_per_name(t: str, p: str | None, count: int, due: str = NOW) -> st
             f"FROM ({_due_per_name(t, p, count, due)}) AS k JOIN {t} AS r "
             "ON r.task_name = k.task_name AND r.task_instance = k.task_instance"
         )
+    next_due = _unless_full(t, p, due, _next_due(t, p, None, due))
     return f"""
 SELECT x.db_now, x.next_due, c.task_name, c.task_instance, c.version
-FROM (SELECT {NOW} AS db_now,
-        (SELECT MIN(execution_time) FROM {t}
-         WHERE picked = 0 AND execution_time > {due} AND {_wanted(p)}) AS next_due) AS x
+FROM (SELECT {NOW} AS db_now, {next_due} AS next_due) AS x
 LEFT JOIN ({rows}) AS c ON TRUE
 ORDER BY c.priority DESC, c.execution_time ASC
 """
