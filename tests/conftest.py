@@ -21,6 +21,7 @@ import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -218,8 +219,8 @@ async def _drop_mysql_database(admin: AsyncEngine, name: str) -> list[dict[str, 
         try:
             await conn.execute(text(f"DROP DATABASE `{name}`"))
             return []
-        except Exception as error:
-            if "1205" not in str(error):  # ER_LOCK_WAIT_TIMEOUT
+        except DBAPIError as error:
+            if getattr(error.orig, "args", (None,))[0] != 1205:  # ER_LOCK_WAIT_TIMEOUT
                 raise
         rows = await conn.execute(
             text(
@@ -234,7 +235,10 @@ async def _drop_mysql_database(admin: AsyncEngine, name: str) -> list[dict[str, 
         for session in left:
             with contextlib.suppress(Exception):
                 await conn.execute(text(f"KILL {int(session['id'])}"))
-        await conn.execute(text(f"DROP DATABASE `{name}`"))
+        try:
+            await conn.execute(text(f"DROP DATABASE `{name}`"))
+        except DBAPIError as error:
+            raise AssertionError(f"could not drop {name} ({error}); sessions: {sessions}") from None
         return left or [{"none on the database; all sessions": sessions}]
 
 

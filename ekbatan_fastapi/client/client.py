@@ -304,11 +304,13 @@ class SchedulerClient:
             raise TaskPausedError(paused_message(job_name, pause, force_hint))
         local = self._scheduler
         if local is not None and job_name in local.jobs:
-            row = await self._tasks.claim_now(job_name, instance_id, local.name)
+            with local.claiming():
+                row = await self._tasks.claim_now(job_name, instance_id, local.name)
+                if row is not None:
+                    local.run_claimed(row)
             if row is None:
                 await self._explain_failure(job_name, instance_id, "run")
                 return None
-            local.run_claimed(row)
             return local.name
         return await forced_elsewhere(self, job_name, instance_id, pause, wait)
 

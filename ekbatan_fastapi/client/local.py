@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Protocol
 
@@ -24,5 +25,7 @@ class LocalScheduler(Protocol):
     def request_poll(self) -> None: ...
 
     def note_due(self, when: datetime) -> None: ...
+
+    def claiming(self) -> AbstractContextManager[None]: ...
 
     def run_claimed(self, row: TaskRow) -> None: ...

@@ -110,11 +110,12 @@ class Poller:
         claim up to ``limit`` due rows, learn the database clock, launch what was claimed.
         ``ekbatan_fastapi.testing.TimeMachine`` drives the scheduler by it."""
         sent = self.config.clock.now()
-        result = await self._poll(limit)
-        self.link.observed(result.db_now, sent)
-        self.state.last_poll = result.db_now
-        for row in result.claimed:
-            self.executor.launch(row)
+        with self.state.claim():
+            result = await self._poll(limit)
+            self.link.observed(result.db_now, sent)
+            self.state.last_poll = result.db_now
+            for row in result.claimed:
+                self.executor.launch(row)
         return result
 
     async def run(self) -> None:
@@ -141,7 +142,7 @@ class Poller:
                 continue
             began = clock.monotonic()
             sent = clock.now()
-            self.state.claiming = True
+            self.state.claims += 1
             try:
                 with self.observer.statement_scope("poll", limit):
                     result = await self._poll(limit)
@@ -153,7 +154,7 @@ class Poller:
                 await self.alarm.sleep(backoff.next())
                 continue
             finally:
-                self.state.claiming = False
+                self.state.claims -= 1
             backoff.reset()
             self.link.observed(result.db_now, sent)
             self.state.last_poll = result.db_now

@@ -4,6 +4,7 @@ executions it holds (``RunningExecutions``), with the capacity rule the poller c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,11 +42,25 @@ class RunState:
     last_poll: datetime | None = None
     """The database time of the last poll that got an answer."""
     loop_restarts: int = 0
-    claiming: bool = False
-    """A claim statement is in flight (its rows are not among the executions yet)."""
+    claims: int = 0
+    """Claim statements in flight (the poller's, a forced run's): their rows are not among
+    the executions yet."""
     claim_failed_at: float | None = None
     """Monotonic time of the last claim statement that failed: it may still have executed on
     the server (its answer lost), leaving rows picked by this instance that nothing runs."""
+
+    @property
+    def claiming(self) -> bool:
+        return self.claims > 0
+
+    @contextlib.contextmanager
+    def claim(self) -> Iterator[None]:
+        """Around a claim statement and the launch of what it claimed."""
+        self.claims += 1
+        try:
+            yield
+        finally:
+            self.claims -= 1
 
 
 class RunningExecutions:

@@ -289,6 +289,11 @@ class Scheduler:
         """Something becomes due at ``when`` (database time): wake up then, if that is sooner."""
         self.alarm.note_due(when)
 
+    def claiming(self) -> contextlib.AbstractContextManager[None]:
+        """Around a claim made for this instance outside the poller (a forced run-now) and
+        the ``run_claimed`` of its row: its row is picked before it is held."""
+        return self.state.claim()
+
     def run_claimed(self, row: TaskRow) -> None:
         """Run a row this instance claimed outside the poller (a forced run-now)."""
         if not self._tasks or self.state.stopping:

@@ -105,7 +105,8 @@ class TaskStore(PortableTasks, abc.ABC):
         candidate had when read; lock-and-fetch: by the row lock). Also returns the database's
         now and the earliest future ``execution_time`` of an unpicked row of ``names``; a
         dialect may return an earlier one when a due row was left unclaimed (a peer held its
-        lock), and the scheduler then polls again soon.
+        lock), and the scheduler then polls again soon; or None when the batch came back full
+        (``more_due``: the poller polls again at once without reading it).
 
         ``ahead`` (``claim_ahead``, where ``supports_claim_ahead``): rows due up to that long
         from now count as due, and the next due time is the earliest after that.

@@ -54,9 +54,17 @@ class MySQL5TaskStore(MySQLTaskStore):
                 if rows:
                     owned = [(r.task_name, r.task_instance, r.version) for r in rows]
                     await conn.execute(self._release, owned_params(owned))
-                return rows
-            finally:
-                await conn.execute(self._restore_lock_wait)
+            except DBAPIError:
+                # A lock wait that timed out undoes only its statement: the session goes back
+                # to the pool, with its own bound again (or not at all).
+                try:
+                    await conn.execute(self._restore_lock_wait)
+                except Exception:
+                    await conn.invalidate()
+                raise
+            # (a cancellation leaves the bound alone: its connection is discarded)
+            await conn.execute(self._restore_lock_wait)
+            return rows
 
         return await self.db.transaction(run, read_committed=True)
 
