@@ -222,10 +222,11 @@ async def build_report(
     instances: list[InstanceInfo] = []
     # what this instance held before the rows were read: a result recorded while they were
     # read shows as a row still picked, no longer held (not an orphaned claim)
-    held = state.registry.scheduler.holdings()
+    held = after = state.registry.scheduler.holdings()
     try:
         async with asyncio.timeout(timeout):
             rows = await state.client.list(name, limit=limit, offset=offset)
+            after = state.registry.scheduler.holdings()  # and right after
             pauses = await state.client.paused()
             try:
                 instances = await state.client.instances()
@@ -258,7 +259,7 @@ async def build_report(
                 f"heartbeat {_age(task.heartbeat_age_seconds)}; it will be revived and run again"
             )
     jobs = await job_views(state, name, warnings) if now is not None else []
-    problems += _orphans(state, tasks, instances, now, held)
+    problems += _orphans(state, tasks, instances, now, (held, after))
     scheduler = scheduler_view(state)
     problems += _condition(state, scheduler)
     return JobsReport(
@@ -345,7 +346,7 @@ def _orphans(
     tasks: list[TaskView],
     instances: list[InstanceInfo],
     now: datetime | None,
-    held: Holdings,
+    around: tuple[Holdings, Holdings],
 ) -> list[str]:
     """Rows picked by a live instance that does not run them (a claim whose answer it never
     saw): this instance knows what it runs; another live instance that reported itself well
@@ -354,7 +355,7 @@ def _orphans(
     if now is None:
         return []
     scheduler = state.registry.scheduler
-    now_held = scheduler.holdings()
+    held, now_held = around
     # A claim answered while the rows were read (or still in flight) has rows picked by this
     # instance that are no orphans: judged at the next report.
     judge_own = held.settled_since(now_held)
