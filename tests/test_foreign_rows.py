@@ -308,9 +308,12 @@ async def test_mysql_fetch_poll_does_not_read_a_known_backlog_for_its_next_due_t
         assert read < 500, read
         # KNOWN[1] alone: 3 due rows and one in an hour, which is the next due time
         single = store.db.sql(mq.candidates_per_name("scheduled_tasks", None, 1))
+        before = await _rows_read(conn)
         rows = list(
             await conn.execute(single, {"names": [KNOWN[1]], "limit": 50, "name_0": KNOWN[1]})
         )
+        # the count, the next due time and the rows: each through the name's own index range
+        not_full = await _rows_read(conn) - before
         later = (
             await conn.execute(
                 text(
@@ -322,3 +325,4 @@ async def test_mysql_fetch_poll_does_not_read_a_known_backlog_for_its_next_due_t
         ).scalar_one()
         await conn.rollback()
     assert len(rows) == 3 and rows[0][1] == later
+    assert not_full < 100, not_full
