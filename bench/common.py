@@ -335,6 +335,42 @@ async def server_version(engine: AsyncEngine) -> str:
         return str((await conn.execute(text("SHOW server_version"))).scalar_one())
 
 
+def mysql_numbers(backend: str, n: int) -> str:
+    """A derived table ``s`` of the integers 1..n, column ``i``: MariaDB's Sequence engine, or
+    on MySQL a recursive CTE (``cte_max_recursion_depth`` must allow n)."""
+    if backend == "mariadb":
+        return f"(SELECT seq AS i FROM seq_1_to_{int(n)}) AS s"
+    return (
+        f"(WITH RECURSIVE s (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {int(n)}) "
+        "SELECT i FROM s) AS s"
+    )
+
+
+def other_service_rows(
+    backend: str, count: int, *, prefix: str, instance: str, table: str = "scheduled_tasks"
+) -> list[str]:
+    """The statements that insert ``count`` rows of ten task names a scheduler does not know
+    (``<prefix>0`` ... ``<prefix>9``, instances ``<instance><i>``): half due a day ago, half
+    due tomorrow, generated in the database. ``backend``: ``postgresql``, ``mariadb`` (the
+    Sequence engine) or ``mysql`` (a recursive CTE, after raising its depth limit)."""
+    n = int(count)
+    columns = "task_name, task_instance, execution_time, picked, version, priority"
+    if backend == "postgresql":
+        return [
+            f"INSERT INTO {table} ({columns}) SELECT '{prefix}' || (i % 10), '{instance}' || i, "
+            "CASE WHEN i % 2 = 0 THEN now() - interval '1 day' ELSE now() + interval '1 day' "
+            f"END, false, 1, 0 FROM generate_series(1, {n}) AS i"
+        ]
+    setup = [] if backend == "mariadb" else ["SET SESSION cte_max_recursion_depth = 4294967295"]
+    numbers = mysql_numbers(backend, n)
+    return [
+        *setup,
+        f"INSERT INTO {table} ({columns}) SELECT CONCAT('{prefix}', i % 10), "
+        f"CONCAT('{instance}', i), IF(i % 2 = 0, UTC_TIMESTAMP(6) - INTERVAL 1 DAY, "
+        f"UTC_TIMESTAMP(6) + INTERVAL 1 DAY), 0, 1, 0 FROM {numbers}",
+    ]
+
+
 # -- statistics -------------------------------------------------------------------------------
 
 

@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import mysql_numbers, other_service_rows  # noqa: E402
 from ekbatan_fastapi.store.mysql import statements as mq  # noqa: E402
 from ekbatan_fastapi.store.postgresql import statements as q  # noqa: E402
 from ekbatan_fastapi.store.tables import create_schema  # noqa: E402
@@ -66,13 +67,8 @@ def _on_database(url: str, name: str) -> str:
 
 async def _fill(conn: asyncpg.Connection, foreign: int) -> None:
     await conn.execute("TRUNCATE scheduled_tasks")
-    await conn.execute(
-        "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, picked, version,"
-        " priority) SELECT 'foreign-' || (i % 10), 'i' || i, CASE WHEN i % 2 = 0 THEN now() -"
-        " interval '1 day' ELSE now() + interval '1 day' END, false, 1, 0"
-        " FROM generate_series(1, $1) AS i",
-        foreign,
-    )
+    for sql in other_service_rows("postgresql", foreign, prefix="foreign-", instance="i"):
+        await conn.execute(sql)
     await conn.execute(
         "INSERT INTO scheduled_tasks (task_name, task_instance, execution_time, picked, version,"
         " priority) SELECT 'bench-noop', 'n' || i, now() - interval '1 minute', false, 1, 0"
@@ -167,32 +163,19 @@ async def _mysql_fill(conn: Any, foreign: int) -> None:
     # indexes until the purge thread removes them, and every later read walks past them (a
     # size measured after another was 1.5-4x slower than the same size on a fresh table).
     await conn.execute(text("TRUNCATE TABLE scheduled_tasks"))
-    mariadb = "mariadb" in str((await conn.execute(text("SELECT VERSION()"))).scalar()).lower()
-    if not mariadb:
+    version = str((await conn.execute(text("SELECT VERSION()"))).scalar())
+    backend = "mariadb" if "mariadb" in version.lower() else "mysql"
+    if backend == "mysql":  # for the recursive CTE of mysql_numbers
         await conn.execute(text("SET SESSION cte_max_recursion_depth = 4294967295"))
-
-    def numbers(n: int) -> str:
-        if mariadb:  # the Sequence engine
-            return f"(SELECT seq AS i FROM seq_1_to_{n}) AS s"
-        return (
-            f"(WITH RECURSIVE s (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) "
-            "SELECT i FROM s) AS s"
-        )
-
     cols = "task_name, task_instance, execution_time, picked, version, priority"
-    day = "INTERVAL 1 DAY"
     if foreign:
-        await conn.execute(
-            text(
-                f"INSERT INTO scheduled_tasks ({cols}) SELECT CONCAT('foreign-', i % 10), "
-                f"CONCAT('i', i), IF(i % 2 = 0, UTC_TIMESTAMP(6) - {day}, "
-                f"UTC_TIMESTAMP(6) + {day}), 0, 1, 0 FROM {numbers(foreign)}"
-            )
-        )
+        for sql in other_service_rows(backend, foreign, prefix="foreign-", instance="i"):
+            await conn.execute(text(sql))
     await conn.execute(
         text(
             f"INSERT INTO scheduled_tasks ({cols}) SELECT 'bench-noop', CONCAT('n', i), "
-            f"UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE, 0, 1, 0 FROM {numbers(KNOWN_DUE)}"
+            "UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE, 0, 1, 0 "
+            f"FROM {mysql_numbers(backend, KNOWN_DUE)}"
         )
     )
     for name in RECURRING:

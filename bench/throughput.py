@@ -50,9 +50,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 try:
-    from bench.common import check_local
+    from bench.common import check_local, other_service_rows
 except ImportError:  # run as a script: bench/ is on sys.path
-    from common import check_local  # type: ignore[no-redef]
+    from common import check_local, other_service_rows  # type: ignore[no-redef]
 
 T = TypeVar("T")
 THIS_FILE = Path(__file__).resolve()
@@ -104,6 +104,8 @@ class BenchOptions:
     uvloop: bool = False
     """Workers run on uvloop's event loop (as uvicorn does when uvloop is installed)."""
     settle: float = 0.0
+    """Before each run, wait up to this many seconds for the machine to be quiet (CPU busy
+    at most ``_QUIET``); the busy fraction seen is reported with the run either way."""
     history: bool = True
     """Record every execution in the history table (the library's default); ``--no-history``
     turns it off, to measure what it costs."""
@@ -115,8 +117,6 @@ class BenchOptions:
     unknown_rows: int = 0
     """Rows of ten task names no worker knows (another service sharing the table), half due a
     day ago and half due tomorrow, inserted with the table before each run; never touched."""
-    """Before each run, wait up to this many seconds for the machine to be quiet (CPU busy
-    at most ``_QUIET``); the busy fraction seen is reported with the run either way."""
 
 
 @dataclasses.dataclass
@@ -379,43 +379,18 @@ async def recreate_table(engine: AsyncEngine) -> None:
         await conn.execute(text(f"TRUNCATE TABLE {HISTORY_TABLE}"))
 
 
-UNKNOWN_NAMES = 10
-"""The task names of ``--unknown-rows`` (``other-service-0`` ... ``-9``)."""
-
-
 async def insert_unknown(engine: AsyncEngine, count: int) -> None:
-    """``count`` rows of task names no worker knows: half due a day ago, half due tomorrow."""
+    """``count`` rows of ten task names no worker knows (``other-service-0`` ... ``-9``): half
+    due a day ago, half due tomorrow."""
     if count <= 0:
         return
-    if engine.dialect.name in ("mysql", "mariadb"):
-        async with engine.connect() as conn:
-            version = str((await conn.execute(text("SELECT VERSION()"))).scalar_one())
-        if "mariadb" in version.lower():  # the Sequence engine
-            numbers = f"(SELECT seq AS i FROM seq_1_to_{int(count)}) AS s"
-        else:
-            numbers = (
-                "(WITH RECURSIVE s (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s "
-                f"WHERE i < {int(count)}) SELECT i FROM s) AS s"
-            )
-        sql = (
-            f"INSERT INTO {TABLE} (task_name, task_instance, execution_time, picked, version, "
-            f"priority) SELECT CONCAT('other-service-', i % {UNKNOWN_NAMES}), CONCAT('u', i), "
-            "IF(i % 2 = 0, UTC_TIMESTAMP(6) - INTERVAL 1 DAY, UTC_TIMESTAMP(6) + INTERVAL 1 DAY), "
-            f"0, 1, 0 FROM {numbers}"
-        )
-        async with engine.begin() as conn:
-            if "mariadb" not in version.lower():
-                await conn.execute(text("SET SESSION cte_max_recursion_depth = 4294967295"))
-            await conn.execute(text(sql))
-        return
-    sql = (
-        f"INSERT INTO {TABLE} (task_name, task_instance, execution_time, picked, version, "
-        f"priority) SELECT 'other-service-' || (i % {UNKNOWN_NAMES}), 'u' || i, CASE WHEN "
-        "i % 2 = 0 THEN now() - interval '1 day' ELSE now() + interval '1 day' END, false, 1, 0 "
-        "FROM generate_series(1, :n) AS i"
-    )
+    backend = engine.dialect.name
     async with engine.begin() as conn:
-        await conn.execute(text(sql), {"n": count})
+        if backend in ("mysql", "mariadb"):  # asyncmy's dialect may say mysql for MariaDB
+            version = str((await conn.execute(text("SELECT VERSION()"))).scalar_one())
+            backend = "mariadb" if "mariadb" in version.lower() else "mysql"
+        for sql in other_service_rows(backend, count, prefix="other-service-", instance="u"):
+            await conn.execute(text(sql))
 
 
 async def load_table(

@@ -438,8 +438,7 @@ async def test_jobs_shows_a_row_picked_by_this_instance_that_it_does_not_run(
 
         async def launching_meanwhile(*args: Any, **kwargs: Any) -> Any:
             # an execution launched (and ended) while the rows were read
-            running = scheduler.executions
-            running.launches = getattr(running, "launches", 0) + 1
+            scheduler.executions.launches += 1
             return await list_rows(*args, **kwargs)
 
         state.client.list = launching_meanwhile  # type: ignore[method-assign]

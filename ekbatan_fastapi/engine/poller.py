@@ -142,19 +142,17 @@ class Poller:
                 continue
             began = clock.monotonic()
             sent = clock.now()
-            self.state.claims += 1
-            try:
-                with self.observer.statement_scope("poll", limit):
-                    result = await self._poll(limit)
-                    if self.observer.active:
-                        self.observer.polled(clock.monotonic() - began, len(result.claimed))
-            except Exception as error:
-                self.state.claim_failed_at = clock.monotonic()
-                self.link.failed(error, "poll")
-                await self.alarm.sleep(backoff.next())
-                continue
-            finally:
-                self.state.claims -= 1
+            with self.state.claim():
+                try:
+                    with self.observer.statement_scope("poll", limit):
+                        result = await self._poll(limit)
+                        if self.observer.active:
+                            self.observer.polled(clock.monotonic() - began, len(result.claimed))
+                except Exception as error:
+                    self.state.claim_failed_at = clock.monotonic()
+                    self.link.failed(error, "poll")
+                    await self.alarm.sleep(backoff.next())
+                    continue
             backoff.reset()
             self.link.observed(result.db_now, sent)
             self.state.last_poll = result.db_now

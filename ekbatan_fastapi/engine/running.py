@@ -18,7 +18,7 @@ __all__ = ["Holdings", "RunState", "RunningExecutions"]
 
 class Holdings(NamedTuple):
     """What an instance held at one moment, to tell whether a row it has picked is an
-    orphaned claim (see ``RunningExecutions.holdings``)."""
+    orphaned claim (see ``Scheduler.holdings``)."""
 
     keys: frozenset[TaskKey]
     launches: int
@@ -122,9 +122,6 @@ class RunningExecutions:
         if self._waiting and len(self.by_key) < 2 * self.batch_size:
             self._waiting = False
             self._on_capacity()
-
-    def holdings(self, state: RunState) -> Holdings:
-        return Holdings(frozenset(self.by_key), self.launches, state.claiming)
 
     def async_labels(self) -> list[str]:
         """The running ``async def`` executions (suspects when the event loop blocks)."""

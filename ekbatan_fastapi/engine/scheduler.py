@@ -271,7 +271,8 @@ class Scheduler:
         """The rows held now, how many executions were launched so far, and whether a claim
         is in flight: two of these, taken around a read of the rows, tell an orphaned claim
         from one whose answer was being processed (``Holdings.settled_since``)."""
-        return self.executions.holdings(self.state)
+        running = self.executions
+        return Holdings(frozenset(running.by_key), running.launches, self.state.claiming)
 
     @property
     def is_shutting_down(self) -> bool:
@@ -422,10 +423,9 @@ class Scheduler:
             return
         done, pending = await asyncio.wait(tasks, timeout=_CANCEL_WAIT)
         for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                log.warning(
-                    "scheduler %s: the %s ended with %r", self.name, tasks[task], task.exception()
-                )
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                log.warning("scheduler %s: the %s ended with %r", self.name, tasks[task], error)
         for task in pending:  # never a stop that waits on a connection that went silent
             log.warning(
                 "scheduler %s: the %s did not end within %.0fs of its cancellation; left behind",
