@@ -213,6 +213,30 @@ async def test_two_instances_claiming_ahead_run_each_slot_once(
             assert started >= slot
 
 
+async def test_a_row_claimed_ahead_waits_for_this_machines_clock_when_the_estimate_runs_ahead(
+    any_registries: RegistryFactory, any_engine: AsyncEngine
+) -> None:
+    """The estimate of the database's clock runs ahead of this machine's (a statement's send
+    time taken before a blocked event loop let it go): a row the estimate calls due, claimed
+    before its time by this machine's clock, is still held until then."""
+    job = StampJob()
+    registry = await any_registries.start(job, poll=0.05, customize=_ahead(0.1))
+    link = registry.scheduler.link
+    observed = link.observed
+
+    def ahead(db_now: datetime, sent: datetime | None = None) -> None:
+        observed(db_now, sent)
+        link.offset += timedelta(milliseconds=300)
+
+    link.observed = ahead  # type: ignore[method-assign]
+    now = await db_now(any_engine)
+    at = [now + timedelta(milliseconds=300 + 40 * i) for i in range(10)]
+    await registry.client.schedule_many("stamp", [(f"e{i}", t, None) for i, t in enumerate(at)])
+    await wait_until(lambda: len(job.started) >= 10, 10, "10 executions")
+    early = {i: slot - started for i, (started, slot) in job.started.items() if started < slot}
+    assert not early, f"started before their time by this machine's clock: {early}"
+
+
 class OneAtATime(StampJob):
     """At most one running at once, cluster-wide; each records its start and end."""
 

@@ -437,6 +437,17 @@ async def test_one_version_two_schedules_keeps_the_stored_one_and_warns(
     assert any("two instances of version 5 disagree" in r.getMessage() for r in caplog.records)
 
 
+async def _alone(registry: Any) -> Any:
+    """The scheduler's definitions, with the housekeeper's periodic re-read detached and one
+    in flight finished: the test's own re-reads are the only ones."""
+    scheduler = registry.scheduler
+    scheduler.housekeeper.refresh_definitions = None
+    running = scheduler.definitions._refreshing
+    if running is not None:
+        await running
+    return scheduler.definitions
+
+
 def _reads_of(store: Any) -> list[list[str]]:
     """The names each ``store.definitions`` call from now on returns, one list per call."""
     read: list[list[str]] = []
@@ -460,7 +471,7 @@ async def test_a_re_read_of_the_definitions_does_not_read_an_unchanged_deploy_ag
     the whole deploy at every recurring completion."""
     yearly = Schedules.cron("0 0 1 1 *")
     registry = await any_registries.start(*(RecordingJob(f"deploy-{i}", yearly) for i in range(30)))
-    definitions = registry.scheduler.definitions
+    definitions = await _alone(registry)
     read = _reads_of(definitions.store)
     later = registry.scheduler.link.now() + timedelta(seconds=10)
     definitions._now = lambda: later  # the database's clock, 10 s on
@@ -477,7 +488,7 @@ async def test_a_re_read_leaves_out_only_what_this_instance_wrote_at_startup(
     stamp that is not one of this instance's own)."""
     yearly = Schedules.cron("0 0 1 1 *")
     registry = await any_registries.start(*(RecordingJob(f"mine-{i}", yearly) for i in range(5)))
-    definitions = registry.scheduler.definitions
+    definitions = await _alone(registry)
     store = definitions.store
     ours = definitions.ours()
     peer = dataclasses.replace(ours["mine-1"], written_by="another-instance")

@@ -107,11 +107,11 @@ class Executor:
         now = self.link.now()
         execution = Execution(row, job, heartbeat, now, self.schedules.get(row.task_name))
         self.running.started(execution)
-        if self._ahead and row.execution_time > now:
-            # Claimed ahead of its time: held (and heartbeated) until then, in its own task;
-            # started once both the database's clock (as estimated) and this machine's reach
-            # it, so that a job never sees its slot in the future.
-            earlier = min(now, self.config.clock.now())
+        # Claimed ahead of its time: held (and heartbeated) until then, in its own task;
+        # started once both the database's clock (as estimated) and this machine's reach it,
+        # so that a job never sees its slot in the future (the estimate may run ahead of this
+        # machine's clock by a few milliseconds, and a row it calls due is held too).
+        if self._ahead and row.execution_time > (earlier := min(now, self.config.clock.now())):
             wait = (row.execution_time - earlier).total_seconds()
             execution.held = True
             execution.task = _start(self._run_at(execution, wait), f"ekbatan:{execution.label}")
