@@ -407,6 +407,29 @@ async def test_a_claim_whose_answer_was_lost_is_released_by_its_instance(
         await proxy.close()
 
 
+async def test_a_poller_backing_off_after_a_failed_claim_is_not_claiming(
+    registries: RegistryFactory,
+) -> None:
+    """Between a failed claim and the next try the poller only waits: it does not count as
+    claiming then, so the housekeeper may release what the failed claim left picked (and
+    /jobs may judge this instance's rows) while the claims keep failing."""
+    registry = await registries.start(Once())
+    scheduler = registry.scheduler
+    failures = 0
+
+    async def failing(limit: int) -> Any:
+        nonlocal failures
+        failures += 1
+        raise OSError("the claim's answer was lost")
+
+    scheduler.poller._poll = failing  # type: ignore[method-assign]
+    scheduler.alarm.request_poll()
+    await wait_until(lambda: failures >= 2, what="two failed claims")
+    assert not scheduler.state.claiming
+    assert not scheduler.holdings().claiming
+    assert scheduler.state.claim_failed_at is not None
+
+
 async def test_jobs_shows_a_row_picked_by_this_instance_that_it_does_not_run(
     database_url: str, engine: AsyncEngine
 ) -> None:

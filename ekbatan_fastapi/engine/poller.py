@@ -142,6 +142,7 @@ class Poller:
                 continue
             began = clock.monotonic()
             sent = clock.now()
+            failed = False
             with self.state.claim():
                 try:
                     with self.observer.statement_scope("poll", limit):
@@ -151,8 +152,12 @@ class Poller:
                 except Exception as error:
                     self.state.claim_failed_at = clock.monotonic()
                     self.link.failed(error, "poll")
-                    await self.alarm.sleep(backoff.next())
-                    continue
+                    failed = True
+            if failed:
+                # Backing off is not claiming: the housekeeper may release what the failed
+                # claim left picked meanwhile, and /jobs may judge this instance's rows.
+                await self.alarm.sleep(backoff.next())
+                continue
             backoff.reset()
             self.link.observed(result.db_now, sent)
             self.state.last_poll = result.db_now
