@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ekbatan_fastapi import (
     HeartbeatState,
+    SchedulerClient,
     Schedules,
     SchemaMissingError,
     TaskPausedError,
@@ -130,6 +131,34 @@ async def test_forced_run_of_a_paused_task_runs_once_and_it_stays_paused(
     await registry.client.run_now("report", force=True)
     await wait_until(lambda: len(job.slots) == 1, what="the forced run")
     assert "report" in await registry.client.paused()
+
+
+async def test_a_forced_run_from_outside_sees_a_claim_that_finished_before_it_looked(
+    any_registries: RegistryFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run-now --force`` from a process without the job (the CLI): the instance may claim
+    and finish the run before the forcing client first looks at the row again. That is a
+    claim seen, not a wait for one that never comes (the run used to be reported as not
+    claimed after the whole wait, the pause put back only then)."""
+    job = RecordingJob("report", Schedules.fixed_delay(timedelta(hours=1)))
+    registry = await any_registries.start(job)
+    await wait_until(lambda: len(job.slots) == 1, what="the first run")
+    await registry.client.pause("report", paused_by="alice")
+    outside = SchedulerClient(registry.store, {})  # no scheduler, no jobs: as the CLI's
+    reschedule = outside.reschedule
+
+    async def done() -> bool:
+        row = await registry.client.get("report", "recurring")
+        return len(job.slots) == 2 and row is not None and not row.picked
+
+    async def reschedule_then_let_it_finish(*args: Any, **kwargs: Any) -> None:
+        await reschedule(*args, **kwargs)
+        await wait_until(done, what="the forced run claimed and recorded")
+
+    monkeypatch.setattr(outside, "reschedule", reschedule_then_let_it_finish)
+    claimed_by = await outside.run_now("report", force=True, wait=2.0)
+    assert claimed_by in (registry.scheduler.name, "an instance (the run already finished)")
+    assert (await registry.client.paused())["report"].paused_by == "alice"
 
 
 async def test_resume_runs_an_overdue_slot_once_or_skips_it(

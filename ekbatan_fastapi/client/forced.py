@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 from ..domain.errors import RunNotClaimedError
 from ..domain.records import PauseInfo
-from ..domain.rows import TaskRow
 
 if TYPE_CHECKING:
     from .client import SchedulerClient
@@ -29,11 +28,15 @@ async def forced_elsewhere(
     including cancellation. Returns who claimed the run."""
     store = client.store
     where = f"{job_name}/{instance_id}"
+    # Read while the pause still holds every claim off: the reschedule bumps this version by
+    # one, and any claim after it bumps it again. (Read after the reschedule, the row could
+    # already show a claim and its completion, and no later change would come to wait for.)
+    before = await store.tasks.get(job_name, instance_id)
     await store.operations.resume(job_name)
     try:
         await client.reschedule(job_name, instance_id, None)
-        row = await store.tasks.get(job_name, instance_id)
-        claimed_by = await _claimed(client, job_name, instance_id, row, wait)
+        rescheduled = None if before is None else before.version + 1
+        claimed_by = await _claimed(client, job_name, instance_id, rescheduled, wait)
     finally:
         await asyncio.shield(store.operations.restore_pause(pause))
     if claimed_by is None:
@@ -45,10 +48,15 @@ async def forced_elsewhere(
 
 
 async def _claimed(
-    client: SchedulerClient, job_name: str, instance_id: str, row: TaskRow | None, wait: float
+    client: SchedulerClient,
+    job_name: str,
+    instance_id: str,
+    rescheduled: int | None,
+    wait: float,
 ) -> str | None:
+    """Who claimed the row after the reschedule left it at version ``rescheduled``."""
     finished = "an instance (the run already finished)"
-    if row is None:
+    if rescheduled is None:
         return finished  # a one-time instance is deleted
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
@@ -56,7 +64,7 @@ async def _claimed(
         now = await client.store.tasks.get(job_name, instance_id)
         if now is None:
             return finished
-        if now.version != row.version:
+        if now.version > rescheduled or now.picked:
             return now.picked_by or finished
         await asyncio.sleep(_CLAIM_POLL)
     return None
