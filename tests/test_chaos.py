@@ -20,7 +20,7 @@ from bench.servers import have_pg15, have_pgbouncer
 
 from .conftest import fresh_mysql_database
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]  # one worker, one by one
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
