@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -142,18 +143,22 @@ async def test_a_forced_run_from_outside_sees_a_claim_that_finished_before_it_lo
     claimed after the whole wait, the pause put back only then)."""
     job = RecordingJob("report", Schedules.fixed_delay(timedelta(hours=1)))
     registry = await any_registries.start(job)
-    await wait_until(lambda: len(job.slots) == 1, what="the first run")
+
+    def recorded(runs: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            row = await registry.client.get("report", "recurring")
+            return len(job.slots) == runs and row is not None and not row.picked
+
+        return check
+
+    await wait_until(recorded(1), what="the first run recorded")  # a picked row: not forced
     await registry.client.pause("report", paused_by="alice")
     outside = SchedulerClient(registry.store, {})  # no scheduler, no jobs: as the CLI's
     reschedule = outside.reschedule
 
-    async def done() -> bool:
-        row = await registry.client.get("report", "recurring")
-        return len(job.slots) == 2 and row is not None and not row.picked
-
     async def reschedule_then_let_it_finish(*args: Any, **kwargs: Any) -> None:
         await reschedule(*args, **kwargs)
-        await wait_until(done, what="the forced run claimed and recorded")
+        await wait_until(recorded(2), what="the forced run claimed and recorded")
 
     monkeypatch.setattr(outside, "reschedule", reschedule_then_let_it_finish)
     claimed_by = await outside.run_now("report", force=True, wait=2.0)

@@ -96,6 +96,38 @@ class LoopingJob(RecordingJob):
             await asyncio.sleep(0.01)
 
 
+async def test_a_heartbeat_answered_late_counts_from_when_it_was_sent(
+    registries: RegistryFactory,
+) -> None:
+    """A heartbeat whose answer comes back late (the process was stopped, SIGSTOP, while it
+    was in flight) was stored by the database when it was sent: ``fraction_dead`` counts
+    from then, as the peers that may revive the row see it. Counted from the late answer, a
+    polite job that watches it ran on after the stall, as if its heartbeat were fresh, while
+    a peer had taken its row over (a chaos run showed it)."""
+    job = LoopingJob()
+    registry = await registries.start(job)
+    await asyncio.wait_for(job.started.wait(), 5)
+    state = job.contexts[0].heartbeat_state
+    await wait_until(lambda: state.last_success is not None, what="a heartbeat")
+    tasks = registry.store.tasks
+    heartbeat = tasks.heartbeat
+
+    async def answered_late(*args: object, **kwargs: object) -> set[tuple[str, str]]:
+        alive = await heartbeat(*args, **kwargs)  # type: ignore[arg-type]
+        await asyncio.sleep(0.6)  # the answer waits while the process is stopped
+        return alive
+
+    tasks.heartbeat = answered_late  # type: ignore[method-assign,assignment]
+    try:
+        await registry.scheduler.housekeeper.heartbeat()
+        # every heartbeat that has succeeded since was sent at least 0.6 s ago
+        assert state.since_last_success >= timedelta(seconds=0.55), state
+        assert state.failed_heartbeats == 0
+    finally:
+        del tasks.heartbeat
+        job.release.set()
+
+
 async def test_stale_execution_cannot_record_its_result(
     any_registries: RegistryFactory, any_engine: AsyncEngine, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -56,8 +56,11 @@ class HeartbeatState:
         if self.last_success is None:
             self.last_success = self.monotonic()
 
-    def record_success(self) -> None:
-        self.last_success = self.monotonic()
+    def record_success(self, sent: float | None = None) -> None:
+        """A heartbeat reached the database. ``sent``: the monotonic time it was sent (the
+        database stored the heartbeat then, not when its answer came back: after a stall
+        between the two, e.g. a SIGSTOP, the row is as stale as the peers see it)."""
+        self.last_success = self.monotonic() if sent is None else sent
         self.failed_heartbeats = 0
 
     def record_failure(self) -> None:

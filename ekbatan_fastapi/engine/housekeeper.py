@@ -112,6 +112,7 @@ class Housekeeper:
         executions = list(self.running)
         if not executions:
             return
+        sent = self.config.clock.monotonic()  # when the database stores the heartbeats
         try:
             alive = await self.tasks.heartbeat([e.owned for e in executions])
         except Exception as error:
@@ -122,7 +123,7 @@ class Housekeeper:
         self.link.answered()
         for execution in executions:
             if execution.row.key in alive:
-                execution.heartbeat.record_success()
+                execution.heartbeat.record_success(sent)
             elif execution.row.key in self.running.by_key and not execution.recording:
                 self._heartbeat_failed(execution)
                 if execution.heartbeat.failed_heartbeats > 1:
