@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import logging
 import os
 import shutil
@@ -37,6 +38,27 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("EKBATAN_") and not key.startswith("EKBATAN_TEST_"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture(autouse=True)
+def _chaos_runs_alone(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """With pytest-xdist's two workers, a chaos scenario runs while no other test does: it
+    promises recovery times and slot lags of processes it starts, which a test on the other
+    worker would take CPU from (a run showed /jobs-load's lag p99 at 1.25 s). Every test holds
+    a shared lock on one file of the run, a chaos scenario an exclusive one."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    lock = tmp_path_factory.getbasetemp().parent / "chaos-runs-alone.lock"
+    exclusive = request.node.get_closest_marker("chaos") is not None
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

@@ -59,6 +59,8 @@ class DatabaseLink:
         self.last_error: str | None = None
         """The last error, kept after recovery (``last_error_at`` says when)."""
         self.last_error_at: datetime | None = None
+        self._stamped: datetime | None = None
+        """The latest of ``condition_since`` / ``last_error_at`` given out (see ``_stamp``)."""
         self._last_logged = -1e9
         self._maybe_moved = False
         self.moved = asyncio.Event()
@@ -67,6 +69,16 @@ class DatabaseLink:
     def now(self) -> datetime:
         """The database's clock, estimated from the local clock and the last observed offset."""
         return self.clock.now() + self.offset
+
+    def _stamp(self) -> datetime:
+        """``now()`` for the status's times, never earlier than the last one given out: the
+        estimate moves with each observed offset (by a few milliseconds on a loaded machine),
+        and an error followed at once by a recovery must not read as ``ok`` since before it."""
+        stamp = self.now()
+        if self._stamped is not None and stamp < self._stamped:
+            stamp = self._stamped
+        self._stamped = stamp
+        return stamp
 
     def observed(self, db_now: datetime, sent: datetime | None = None) -> None:
         """Learn the database clock's offset from ``now()`` read in a statement sent at local
@@ -91,13 +103,13 @@ class DatabaseLink:
     def _set_condition(self, condition: str) -> None:
         if condition != self.condition:
             self.condition = condition
-            self.condition_since = self.now()
+            self.condition_since = self._stamp()
 
     def report(self, condition: str, message: str) -> None:
         """A condition found without a failed statement (a missing table at startup, a
         crashed loop): shown like an error."""
         self.last_error = message
-        self.last_error_at = self.now()
+        self.last_error_at = self._stamp()
         self._set_condition(condition)
 
     def failed(self, error: BaseException, where: str, *, failover: bool = True) -> None:
@@ -106,7 +118,7 @@ class DatabaseLink:
         count: it reconnects anyway)."""
         diagnosis = self.diagnose(error)
         self.last_error = f"{where}: {diagnosis.message}"
-        self.last_error_at = self.now()
+        self.last_error_at = self._stamp()
         if self.observer.active:
             self.observer.database_error(where, error)
         was = self.condition
