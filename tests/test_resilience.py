@@ -108,7 +108,6 @@ async def test_a_heartbeat_answered_late_counts_from_when_it_was_sent(
     registry = await registries.start(job)
     await asyncio.wait_for(job.started.wait(), 5)
     state = job.contexts[0].heartbeat_state
-    await wait_until(lambda: state.last_success is not None, what="a heartbeat")
     tasks = registry.store.tasks
     heartbeat = tasks.heartbeat
 
