@@ -305,6 +305,23 @@ async def any_database(request: pytest.FixtureRequest) -> AsyncIterator[Database
         yield Database(kind, url, dialect)
 
 
+@contextlib.asynccontextmanager
+async def sibling_database(
+    request: pytest.FixtureRequest, database: Database
+) -> AsyncIterator[str]:
+    """Another fresh database on the server ``database`` is on (dropped afterwards)."""
+    if database.is_mysql:
+        async with fresh_mysql_database(request.getfixturevalue("mysql_server_url")) as url:
+            yield url
+        return
+    embedded = database.id == "postgresql-embedded"
+    server = request.getfixturevalue(
+        "embedded_postgres_url" if embedded else "external_postgres_url"
+    )
+    async with _fresh_postgres_database(server) as url:
+        yield url
+
+
 @pytest.fixture
 def any_database_url(any_database: Database) -> str:
     return any_database.url

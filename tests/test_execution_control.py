@@ -27,8 +27,9 @@ from ekbatan_fastapi import (
     job_registry,
     try_cluster_lock,
 )
+from ekbatan_fastapi.store.locks import release_locks, take_locks
 
-from .conftest import Database
+from .conftest import Database, sibling_database
 from .helpers import RegistryFactory, Worker, wait_until
 from .proc_worker import LEDGERS, spans
 
@@ -344,6 +345,33 @@ async def test_try_cluster_lock_is_held_by_one_caller_at_a_time(any_database: Da
             assert again is True, "released at the end of the block"
     finally:
         await engine.dispose()
+
+
+async def test_a_cluster_lock_belongs_to_its_database(
+    any_database: Database, request: pytest.FixtureRequest
+) -> None:
+    """Two applications on one server, each in its own database, never hold each other's
+    locks: PostgreSQL's advisory locks are the database's, and MySQL/MariaDB's lock names (the
+    server's) carry the database. Before, two databases of one MariaDB server shared
+    ``ekbatan:<name>``: the racing test below, run on two databases at once, saw both of its
+    racers refused."""
+    async with sibling_database(request, any_database) as other_url:
+        here, there = create_async_engine(any_database.url), create_async_engine(other_url)
+        try:
+            async with (
+                try_cluster_lock(here, "nightly-reindex") as first,
+                try_cluster_lock(there, "nightly-reindex") as elsewhere,
+            ):
+                assert (first, elsewhere) == (True, True)
+            if any_database.is_mysql:  # the locks that count a limited job's executions
+                async with here.connect() as a, there.connect() as b:
+                    held = await take_locks(a, ["scheduled_tasks:job"], seconds=0)
+                    assert await take_locks(b, ["scheduled_tasks:job"], seconds=0) != []
+                    await release_locks(b, ["scheduled_tasks:job"])
+                    await release_locks(a, held)
+        finally:
+            await here.dispose()
+            await there.dispose()
 
 
 _RACER = """

@@ -3,6 +3,10 @@
 named locks (``GET_LOCK`` / ``RELEASE_LOCK``, bound to the connection and released in
 ``finally``).
 
+A lock belongs to one database, as PostgreSQL's advisory locks do: MySQL/MariaDB's lock names
+are the server's, so the name carries the connection's database, and two applications on one
+server (each in its own database) never hold each other's locks.
+
 ``try_cluster_lock`` is the advisory-lock approach to HA scheduled work, for code that is not a
 job; the scheduler uses the same locks to count a job's running executions against its
 ``max_concurrency`` without two instances counting at once.
@@ -39,12 +43,19 @@ def lock_key(name: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def lock_name(name: str) -> str:
-    """``name`` as a MySQL/MariaDB lock name (at most 64 characters: longer ones hashed)."""
-    full = f"ekbatan:{name}"
+def lock_name(name: str, database: str | None = None) -> str:
+    """``name`` as a MySQL/MariaDB lock name in ``database`` (the server's lock names are not
+    per database; at most 64 characters: longer ones hashed)."""
+    scoped = name if database is None else f"{database}/{name}"
+    full = f"ekbatan:{scoped}"
     if len(full) <= _MYSQL_NAME_LIMIT:
         return full
-    return "ekbatan:" + hashlib.blake2b(name.encode("utf-8"), digest_size=16).hexdigest()
+    return "ekbatan:" + hashlib.blake2b(scoped.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _database(conn: AsyncConnection) -> str | None:
+    """The database the connection's URL names (None: the server's default, unscoped)."""
+    return conn.engine.url.database or None
 
 
 def _family(conn: AsyncConnection) -> str:
@@ -62,18 +73,20 @@ async def take_locks(conn: AsyncConnection, names: Sequence[str], *, seconds: fl
     returned must be released with ``release_locks``. Raises ``TimeoutError`` when one could
     not be taken in time (MySQL; PostgreSQL is bounded by the statement timeout)."""
     family = _family(conn)
+    database = _database(conn)
     taken: list[str] = []
     for name in sorted(set(names)):
         if family == "postgresql":
             await conn.execute(text(_WAIT["postgresql"]), {"key": lock_key(name)})
             continue
+        mysql_name = lock_name(name, database)
         got = (
-            await conn.execute(text(_WAIT["mysql"]), {"name": lock_name(name), "seconds": seconds})
+            await conn.execute(text(_WAIT["mysql"]), {"name": mysql_name, "seconds": seconds})
         ).scalar_one()
         if got != 1:
             await release_locks(conn, taken)
             raise TimeoutError(f"the cluster lock {name!r} was held for over {seconds:g}s")
-        taken.append(lock_name(name))
+        taken.append(mysql_name)
     return taken
 
 
@@ -93,6 +106,8 @@ async def try_cluster_lock(target: AsyncEngine | AsyncConnection, name: str) -> 
     ``AsyncConnection``: on PostgreSQL the lock lives until *your* transaction ends (one is
     begun if none is active, and committed at the end of the block); on MySQL/MariaDB
     ``GET_LOCK`` is released at the end of the block (``RELEASE_LOCK``, in ``finally``).
+    The lock is the database's: callers connected to another database on the same server
+    take another lock.
     """
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"try_cluster_lock needs a non-empty lock name, got {name!r}")
@@ -120,7 +135,7 @@ async def try_cluster_lock(target: AsyncEngine | AsyncConnection, name: str) -> 
                 if began:
                     await conn.commit()
             return
-        mysql_name = lock_name(name)
+        mysql_name = lock_name(name, _database(conn))
         acquired = (await conn.execute(text(_TRY["mysql"]), {"name": mysql_name})).scalar() == 1
         try:
             yield acquired

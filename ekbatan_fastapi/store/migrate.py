@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..domain.errors import EkbatanError
 from .dialects import dialect as dialect_named
+from .locks import lock_name
 from .tables import timestamp
 
 __all__ = [
@@ -45,7 +46,8 @@ _CREATE_INDEX = re.compile(r"^\s*CREATE\s+(?:UNIQUE\s+)?INDEX\s+.*?\bON\s+`?(\w+
 _INDEX_NAME = re.compile(
     r"^\s*CREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:IF\s+NOT\s+EXISTS\s+)?`?(\w+)`?\s+ON\s+`?(\w+)`?", re.I
 )
-_LOCK_NAME = "ekbatan_schema_migrations"
+_LOCK_NAME = "schema-migrations"
+"""The MySQL/MariaDB lock of migrations, in the database migrated (``locks.lock_name``)."""
 _LOCK_KEY = 0x656B6261  # "ekba": the advisory lock key of migrations on PostgreSQL
 
 _meta = MetaData()
@@ -142,11 +144,13 @@ def _targets(statement: str) -> set[str]:
 
 
 async def _session_lock(conn: AsyncConnection, unlock: bool = False) -> None:
-    """MySQL/MariaDB: a named session lock, so that concurrent runs take turns."""
+    """MySQL/MariaDB: a named session lock, so that concurrent runs on one database take
+    turns (runs on other databases of the server do not wait for it)."""
+    name = lock_name(_LOCK_NAME, conn.engine.url.database or None)
     if unlock:
-        await conn.execute(sql_text("SELECT RELEASE_LOCK(:name)"), {"name": _LOCK_NAME})
+        await conn.execute(sql_text("SELECT RELEASE_LOCK(:name)"), {"name": name})
     else:
-        got = await conn.scalar(sql_text("SELECT GET_LOCK(:name, 60)"), {"name": _LOCK_NAME})
+        got = await conn.scalar(sql_text("SELECT GET_LOCK(:name, 60)"), {"name": name})
         if got != 1:
             raise MigrationError("another migration held the lock for over 60 s; try again")
     await conn.commit()
