@@ -1,0 +1,144 @@
+"""The driver's floor: the client CPU per row of the PostgreSQL task store's own claim and
+completion statements, sent by one asyncpg connection in a plain loop, with no scheduler.
+
+    python bench/driver_floor.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
+    python bench/driver_floor.py                  # embedded PostgreSQL in a temp dir
+
+Each round claims ``--batch`` due rows with the lock-and-fetch statement (verbatim from
+``PostgresTaskStore``, the pause-aware variant a scheduler uses) and records them with the
+completion that also writes the history, as the scheduler sends it for no-op successes (the
+results' keys and versions, the history's times; NULL where every row has the same value).
+What it measures is what no scheduler on this driver can go below: asyncpg's encoding and
+decoding, its protocol and the socket, per row. ``bench/throughput.py``'s "worker CPU
+us/exec" (1 process, lock-and-fetch) is the same work plus the scheduler's; the difference
+is what the scheduler itself costs per execution (docs/BENCHMARKS.md).
+
+It prints a table; it never asserts. The server must be on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+
+try:
+    from bench import throughput
+except ImportError:  # run as a script: bench/ is on sys.path
+    import throughput  # type: ignore[no-redef]
+
+from ekbatan_fastapi.domain.rows import PollingStrategy
+from ekbatan_fastapi.store.dialects import open_store
+
+
+@dataclass
+class FloorRun:
+    rows: int
+    seconds: float
+    cpu_seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_us_per_row(self) -> float:
+        return self.cpu_seconds / self.rows * 1e6 if self.rows else 0.0
+
+
+def _driver_dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def measure(db_url: str, n: int, batch: int) -> FloorRun:
+    """Load ``n`` due rows into a fresh table and drain them in rounds of ``batch``."""
+    engine = create_async_engine(db_url)
+    try:
+        await throughput.load_table(engine, n, "sql")
+        store = open_store(engine, "postgresql", throughput.TABLE).tasks
+        poll = store._poll_statement(PollingStrategy.LOCK_AND_FETCH, True, 1, batch)
+        finish = store._finish_history[False, True]
+    finally:
+        await engine.dispose()
+    params = {"limit": batch, "picked_by": "floor", "names": [throughput.TASK_NAME]}
+    poll_args = poll.args(params)
+    conn = await asyncpg.connect(_driver_dsn(db_url))
+    try:
+        done = 0
+        cpu, wall = time.process_time(), time.perf_counter()
+        while True:
+            rows = [r for r in await conn.fetch(poll.sql, *poll_args) if r[0] is not None]
+            if not rows:
+                break
+            now = dt.datetime.now(dt.UTC)
+            results = {
+                "names": [r[0] for r in rows],
+                "instances": [r[1] for r in rows],
+                "versions": [r[10] for r in rows],
+                "next_times": None,
+                "kinds": None,
+                "picked_by": "floor",
+                "h_times": [r[3] for r in rows],
+                "h_started": [now] * len(rows),
+                "h_finished": [now] * len(rows),
+                "h_outcomes": None,
+                "h_classes": None,
+                "h_messages": None,
+            }
+            done += len(await conn.fetch(finish.sql, *finish.args(results)))
+        return FloorRun(done, time.perf_counter() - wall, time.process_time() - cpu)
+    finally:
+        await conn.close()
+
+
+async def run(url: str | None, n: int, batch: int, repeat: int) -> list[FloorRun]:
+    runs: list[FloorRun] = []
+    with throughput.embedded_server() if url is None else contextlib.nullcontext(url) as server:
+        for _ in range(repeat):
+            async with throughput.fresh_database(server) as db_url:
+                runs.append(await measure(db_url, n, batch))
+    return runs
+
+
+def format_table(runs: Sequence[FloorRun], n: int, batch: int) -> str:
+    cpu = statistics.median(r.cpu_us_per_row for r in runs)
+    rate = statistics.median(r.rate for r in runs)
+    return "\n".join(
+        [
+            "| rows | batch | runs | rows/s (median) | client CPU us/row (median) | min - max |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |",
+            f"| {n} | {batch} | {len(runs)} | {rate:,.0f} | {cpu:.1f} | "
+            f"{min(r.cpu_us_per_row for r in runs):.1f} - "
+            f"{max(r.cpu_us_per_row for r in runs):.1f} |",
+        ]
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--url", help="a PostgreSQL server on this machine (default: embedded)")
+    p.add_argument("-n", type=int, default=20_000, help="rows per run (20000)")
+    p.add_argument("--batch", type=int, default=50, help="rows per claim (the default batch, 50)")
+    p.add_argument("--repeat", type=int, default=3, help="runs (median; 3)")
+    args = p.parse_args(argv)
+    if args.url is not None and throughput.is_mysql(args.url):
+        print("driver_floor.py measures asyncpg (PostgreSQL) only", file=sys.stderr)
+        return 2
+    runs = asyncio.run(run(args.url, args.n, args.batch, args.repeat))
+    print(f"python {sys.version.split()[0]}, asyncpg {asyncpg.__version__}")
+    print(format_table(runs, args.n, args.batch))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
