@@ -4,8 +4,9 @@ completion statements, sent by one asyncpg connection in a plain loop, with no s
     python bench/driver_floor.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
     python bench/driver_floor.py                  # embedded PostgreSQL in a temp dir
 
-Each round claims ``--batch`` due rows with the lock-and-fetch statement (verbatim from
-``PostgresTaskStore``, the pause-aware variant a scheduler uses) and records them with the
+Each round claims 50 due rows (the default batch) with the lock-and-fetch statement (verbatim
+from ``PostgresTaskStore.statements()``, the pause-aware variant a scheduler uses, as
+``db_limit.py`` hands it to pgbench) and records them with the
 completion that also writes the history, as the scheduler sends it for no-op successes (the
 results' keys and versions, the history's times; NULL where every row has the same value).
 What it measures is what no scheduler on this driver can go below: asyncpg's encoding and
@@ -37,8 +38,12 @@ try:
 except ImportError:  # run as a script: bench/ is on sys.path
     import throughput  # type: ignore[no-redef]
 
-from ekbatan_fastapi.domain.rows import PollingStrategy
 from ekbatan_fastapi.store.dialects import open_store
+from ekbatan_fastapi.store.postgresql.statements import Statement
+
+BATCH = 50
+"""Rows per claim: the library's default batch size for one job (``max(50, 3 x jobs)``); the
+statements' text is ``statements()``'s, made for it."""
 
 
 @dataclass
@@ -60,17 +65,17 @@ def _driver_dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-async def measure(db_url: str, n: int, batch: int) -> FloorRun:
-    """Load ``n`` due rows into a fresh table and drain them in rounds of ``batch``."""
+async def measure(db_url: str, n: int) -> FloorRun:
+    """Load ``n`` due rows into a fresh table and drain them in rounds of ``BATCH``."""
     engine = create_async_engine(db_url)
     try:
         await throughput.load_table(engine, n, "sql")
-        store = open_store(engine, "postgresql", throughput.TABLE).tasks
-        poll = store._poll_statement(PollingStrategy.LOCK_AND_FETCH, True, 1, batch)
-        finish = store._finish_history[False, True]
+        sql = open_store(engine, "postgresql", throughput.TABLE).tasks.statements()
     finally:
         await engine.dispose()
-    params = {"limit": batch, "picked_by": "floor", "names": [throughput.TASK_NAME]}
+    poll = Statement("poll", sql["lock_and_fetch"])
+    finish = Statement("finish", sql["finish_history"])
+    params = {"limit": BATCH, "picked_by": "floor", "names": [throughput.TASK_NAME]}
     poll_args = poll.args(params)
     conn = await asyncpg.connect(_driver_dsn(db_url))
     try:
@@ -101,23 +106,23 @@ async def measure(db_url: str, n: int, batch: int) -> FloorRun:
         await conn.close()
 
 
-async def run(url: str | None, n: int, batch: int, repeat: int) -> list[FloorRun]:
+async def run(url: str | None, n: int, repeat: int) -> list[FloorRun]:
     runs: list[FloorRun] = []
     with throughput.embedded_server() if url is None else contextlib.nullcontext(url) as server:
         for _ in range(repeat):
             async with throughput.fresh_database(server) as db_url:
-                runs.append(await measure(db_url, n, batch))
+                runs.append(await measure(db_url, n))
     return runs
 
 
-def format_table(runs: Sequence[FloorRun], n: int, batch: int) -> str:
+def format_table(runs: Sequence[FloorRun], n: int) -> str:
     cpu = statistics.median(r.cpu_us_per_row for r in runs)
     rate = statistics.median(r.rate for r in runs)
     return "\n".join(
         [
             "| rows | batch | runs | rows/s (median) | client CPU us/row (median) | min - max |",
             "| ---: | ---: | ---: | ---: | ---: | ---: |",
-            f"| {n} | {batch} | {len(runs)} | {rate:,.0f} | {cpu:.1f} | "
+            f"| {n} | {BATCH} | {len(runs)} | {rate:,.0f} | {cpu:.1f} | "
             f"{min(r.cpu_us_per_row for r in runs):.1f} - "
             f"{max(r.cpu_us_per_row for r in runs):.1f} |",
         ]
@@ -128,15 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--url", help="a PostgreSQL server on this machine (default: embedded)")
     p.add_argument("-n", type=int, default=20_000, help="rows per run (20000)")
-    p.add_argument("--batch", type=int, default=50, help="rows per claim (the default batch, 50)")
     p.add_argument("--repeat", type=int, default=3, help="runs (median; 3)")
     args = p.parse_args(argv)
     if args.url is not None and throughput.is_mysql(args.url):
         print("driver_floor.py measures asyncpg (PostgreSQL) only", file=sys.stderr)
         return 2
-    runs = asyncio.run(run(args.url, args.n, args.batch, args.repeat))
+    runs = asyncio.run(run(args.url, args.n, args.repeat))
     print(f"python {sys.version.split()[0]}, asyncpg {asyncpg.__version__}")
-    print(format_table(runs, args.n, args.batch))
+    print(format_table(runs, args.n))
     return 0
 
 

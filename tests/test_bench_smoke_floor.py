@@ -12,8 +12,8 @@ async def test_driver_floor_drains_every_row_with_the_stores_statements(
     postgres_server_url: str,
 ) -> None:
     async with _fresh_postgres_database(postgres_server_url) as url:
-        run = await measure(url, 230, 50)
+        run = await measure(url, 230)
 
     assert run.rows == 230
     assert run.cpu_us_per_row > 0
-    assert "| 230 | 50 | 1 |" in format_table([run], 230, 50)
+    assert "| 230 | 50 | 1 |" in format_table([run], 230)
