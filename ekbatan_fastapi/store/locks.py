@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..domain.errors import ConfigurationError
 
-__all__ = ["lock_key", "lock_name", "take_locks", "try_cluster_lock"]
+__all__ = ["lock_key", "lock_name", "lock_scope", "take_locks", "try_cluster_lock"]
 
 _MYSQL_NAME_LIMIT = 64
 _TRY = {
@@ -53,8 +53,9 @@ def lock_name(name: str, database: str | None = None) -> str:
     return "ekbatan:" + hashlib.blake2b(scoped.encode("utf-8"), digest_size=16).hexdigest()
 
 
-def _database(conn: AsyncConnection) -> str | None:
-    """The database the connection's URL names (None: the server's default, unscoped)."""
+def lock_scope(conn: AsyncConnection) -> str | None:
+    """The database a MySQL/MariaDB lock name carries: the one the connection's URL names
+    (None: the server's default, unscoped)."""
     return conn.engine.url.database or None
 
 
@@ -73,7 +74,7 @@ async def take_locks(conn: AsyncConnection, names: Sequence[str], *, seconds: fl
     returned must be released with ``release_locks``. Raises ``TimeoutError`` when one could
     not be taken in time (MySQL; PostgreSQL is bounded by the statement timeout)."""
     family = _family(conn)
-    database = _database(conn)
+    database = lock_scope(conn)
     taken: list[str] = []
     for name in sorted(set(names)):
         if family == "postgresql":
@@ -135,7 +136,7 @@ async def try_cluster_lock(target: AsyncEngine | AsyncConnection, name: str) -> 
                 if began:
                     await conn.commit()
             return
-        mysql_name = lock_name(name, _database(conn))
+        mysql_name = lock_name(name, lock_scope(conn))
         acquired = (await conn.execute(text(_TRY["mysql"]), {"name": mysql_name})).scalar() == 1
         try:
             yield acquired

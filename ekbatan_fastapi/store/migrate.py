@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..domain.errors import EkbatanError
 from .dialects import dialect as dialect_named
-from .locks import lock_name
+from .locks import lock_name, lock_scope
 from .tables import timestamp
 
 __all__ = [
@@ -146,7 +146,7 @@ def _targets(statement: str) -> set[str]:
 async def _session_lock(conn: AsyncConnection, unlock: bool = False) -> None:
     """MySQL/MariaDB: a named session lock, so that concurrent runs on one database take
     turns (runs on other databases of the server do not wait for it)."""
-    name = lock_name(_LOCK_NAME, conn.engine.url.database or None)
+    name = lock_name(_LOCK_NAME, lock_scope(conn))
     if unlock:
         await conn.execute(sql_text("SELECT RELEASE_LOCK(:name)"), {"name": name})
     else:
