@@ -53,6 +53,7 @@ PG15_BIN = Path("/usr/lib/postgresql/15/bin")
 
 __all__ = [
     "ServerInfo",
+    "asyncpg_dsn",
     "check_local",
     "describe_environment",
     "fresh_database",
@@ -96,6 +97,12 @@ class ServerInfo:
         if parsed.password:
             out["password"] = parsed.password
         return out
+
+
+def asyncpg_dsn(url: str) -> str:
+    """A ``postgresql+asyncpg://`` URL as the DSN ``asyncpg.connect`` takes (its query, such as
+    a socket directory, kept)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def check_local(url: str) -> None:

@@ -30,12 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import asyncpg
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 try:
-    from bench import throughput
+    from bench import common, throughput
 except ImportError:  # run as a script: bench/ is on sys.path
+    import common  # type: ignore[no-redef]
     import throughput  # type: ignore[no-redef]
 
 from ekbatan_fastapi.store.dialects import open_store
@@ -61,10 +61,6 @@ class FloorRun:
         return self.cpu_seconds / self.rows * 1e6 if self.rows else 0.0
 
 
-def _driver_dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 async def measure(db_url: str, n: int) -> FloorRun:
     """Load ``n`` due rows into a fresh table and drain them in rounds of ``BATCH``."""
     engine = create_async_engine(db_url)
@@ -77,7 +73,7 @@ async def measure(db_url: str, n: int) -> FloorRun:
     finish = Statement("finish", sql["finish_history"])
     params = {"limit": BATCH, "picked_by": "floor", "names": [throughput.TASK_NAME]}
     poll_args = poll.args(params)
-    conn = await asyncpg.connect(_driver_dsn(db_url))
+    conn = await asyncpg.connect(common.asyncpg_dsn(db_url))
     try:
         done = 0
         cpu, wall = time.process_time(), time.perf_counter()

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import mysql_numbers, other_service_rows  # noqa: E402
+from bench.common import asyncpg_dsn, mysql_numbers, other_service_rows  # noqa: E402
 from ekbatan_fastapi.store.mysql import statements as mq  # noqa: E402
 from ekbatan_fastapi.store.postgresql import statements as q  # noqa: E402
 from ekbatan_fastapi.store.tables import create_schema  # noqa: E402
@@ -52,10 +52,6 @@ from ekbatan_fastapi.store.tables import create_schema  # noqa: E402
 KNOWN_DUE = 20_000
 RECURRING = [f"job-{i}" for i in range(10)]
 SIZES = (0, 10_000, 100_000, 1_000_000)
-
-
-def _plain(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://")
 
 
 def _on_database(url: str, name: str) -> str:
@@ -98,7 +94,7 @@ async def _timed(conn: asyncpg.Connection, sql: str, args: list[Any], generic: b
 
 
 async def measure(url: str, sizes: tuple[int, ...], repeat: int) -> list[dict[str, Any]]:
-    base = _plain(url)
+    base = asyncpg_dsn(url)
     name = f"bench_foreign_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(base)
     await admin.execute(f"CREATE DATABASE {name}")
@@ -109,7 +105,7 @@ async def measure(url: str, sizes: tuple[int, ...], repeat: int) -> list[dict[st
         engine = create_async_engine(_on_database(url, name))
         await create_schema(engine, operations=True)
         await engine.dispose()
-        conn = await asyncpg.connect(_plain(_on_database(url, name)))
+        conn = await asyncpg.connect(asyncpg_dsn(_on_database(url, name)))
         try:
             for size in sizes:
                 await _fill(conn, size)
