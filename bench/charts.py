@@ -1,4 +1,4 @@
-"""PNG charts for docs/BENCHMARKS.md from run_all.py's results JSON, history_growth.py's, or
+"""PNG charts for docs/benchmarks/ from run_all.py's results JSON, history_growth.py's, or
 a file of measured figures (``docs/benchmarks/cost-round2.json``). Needs matplotlib: run it
 with the peers' environment, ``bench/.venv-peers/bin/python bench/charts.py RESULTS OUTDIR``.
 """

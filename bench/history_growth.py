@@ -13,7 +13,8 @@ beyond the 7-day retention), then, in one run:
   retention, then back to back while the retention runs (``HistoryRecorder.prune``: the
   scheduler's own code, here on the same engine and pool), then ``--rounds`` times after it;
 * **retention**: every statement it sent (the edge read and the range delete of each batch)
-  timed; the completion statements' times (``StoreProbe.finished``) without and during it;
+  timed; the completion statements' times (``SchedulerObserver.results_written``) without
+  and during it;
   sessions waiting for a lock, sampled every 50 ms.
 
     .venv/bin/python bench/history_growth.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
@@ -50,10 +51,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine  # noqa: E40
 from sqlalchemy.pool import NullPool  # noqa: E402
 
 from bench.common import describe_environment, percentile  # noqa: E402
-from ekbatan_fastapi import ExecutionContext, OneTimeJob, create_schema, job_registry  # noqa: E402
+from ekbatan_fastapi import (  # noqa: E402
+    ExecutionContext,
+    OneTimeJob,
+    SchedulerObserver,
+    create_schema,
+    job_registry,
+)
 from ekbatan_fastapi.domain.rows import TaskKey  # noqa: E402
 from ekbatan_fastapi.engine.history import HistoryRecorder  # noqa: E402
-from ekbatan_fastapi.store.probe import StoreProbe, add_probe, remove_probe  # noqa: E402
 
 RETENTION = dt.timedelta(days=7)
 BUSY = [f"job-{i}" for i in range(10)]
@@ -269,11 +275,11 @@ class _LockWaits:
 # -- the scheduler and the retention ---------------------------------------------------------
 
 
-class _Completions(StoreProbe):
+class _Completions(SchedulerObserver):
     def __init__(self) -> None:
         self.seconds: list[float] = []
 
-    def finished(
+    def results_written(
         self,
         items: Any,
         recorded: set[TaskKey] | None,
@@ -378,7 +384,13 @@ def _ms(values: list[float]) -> dict[str, float | None]:
 
 
 async def rates_and_retention(
-    registry: Any, url: str, job: _Noop, drain: int, rounds: int, batch_size: int
+    registry: Any,
+    url: str,
+    job: _Noop,
+    probe: _Completions,
+    drain: int,
+    rounds: int,
+    batch_size: int,
 ) -> dict[str, Any]:
     ops = registry.store.operations
     engine: AsyncEngine = registry.engine
@@ -391,8 +403,6 @@ async def rates_and_retention(
                     + ",".join(f"({n})" for n in range(1000))
                 )
             )
-    probe = _Completions()
-    add_probe(probe)
     waits = _LockWaits(url)
     waits.start()
     timeout = max(60.0, drain / 50)
@@ -434,7 +444,6 @@ async def rates_and_retention(
             rounds_out.append({"phase": "after", "rate": rate, "finish": _ms(probe.seconds)})
             print(json.dumps(rounds_out[-1]), flush=True)
     finally:
-        remove_probe(probe)
         lock_waits = await waits.stop()
     sizes = [n for n, _ in batches]
     return {
@@ -478,6 +487,7 @@ async def measure(
         print(f"filled {rows:,} rows in {filled['fill_s']:.0f} s", flush=True)
         await asyncio.sleep(settle)  # InnoDB flushes and purges after the fill for a while
         job = _Noop()
+        completions = _Completions()
         registry = (
             job_registry()
             .connection_provider(url)
@@ -485,13 +495,16 @@ async def measure(
             .shutdown_max_wait(dt.timedelta(seconds=5))
             # the scheduler's own retention stays out of the way: the harness runs it
             .customize_scheduler(lambda b: b.history_retention(dt.timedelta(days=3650)))
+            .customize_scheduler(lambda b: b.observer(completions))
             .build()
         )
         await registry.start()
         try:
             assert await registry.wait_until_ready(30), registry.status()
             pages_out = await history_pages(registry, url, rows, pages)
-            run = await rates_and_retention(registry, url, job, drain, rounds, batch_size)
+            run = await rates_and_retention(
+                registry, url, job, completions, drain, rounds, batch_size
+            )
         finally:
             await registry.stop()
     info["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -345,9 +345,14 @@ class _BlockProbe:
 async def _worker(args: argparse.Namespace) -> int:
     from sqlalchemy import event
 
-    from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules
+    from ekbatan_fastapi import (
+        DistributedJob,
+        ExecutionContext,
+        Schedule,
+        SchedulerObserver,
+        Schedules,
+    )
     from ekbatan_fastapi.domain.job import RECURRING_INSTANCE
-    from ekbatan_fastapi.store.probe import StoreProbe, add_probe
 
     class FarJob(DistributedJob):
         def __init__(self, name: str) -> None:
@@ -365,14 +370,22 @@ async def _worker(args: argparse.Namespace) -> int:
     rss_before = common.process_rss_kib(os.getpid()) or 0
     names = [f"idle-{j:03d}" for j in range(args.jobs)]
     began = time.monotonic()
+    counts: collections.Counter[str] = collections.Counter()
+
+    # PostgreSQL's hot statements (the poll among them) go to asyncpg directly, past
+    # SQLAlchemy's events: an observer's ``statement_sent`` sees those.
+    class Counted(SchedulerObserver):
+        def statement_sent(self, name: str, sql: str) -> None:
+            counts[classify(sql)] += 1
+
     registry = common.worker_registry(
         args.url,
         [FarJob(name) for name in names],
         name=f"idle-{os.getpid()}",
         polling_interval=args.polling_interval,
+        customize=lambda b: b.observer(Counted()),
     )
     build_s = time.monotonic() - began
-    counts: collections.Counter[str] = collections.Counter()
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         counts[classify(statement)] += 1
@@ -383,14 +396,6 @@ async def _worker(args: argparse.Namespace) -> int:
             print("marked", flush=True)
 
     event.listen(registry.engine.sync_engine, "before_cursor_execute", count)
-    # PostgreSQL's hot statements (the poll among them) go to asyncpg directly, past
-    # SQLAlchemy's events: the store's probe sees those.
-
-    class Counted(StoreProbe):
-        def statement(self, name: str, sql: str) -> None:
-            counts[classify(sql)] += 1
-
-    add_probe(Counted())
     commands = common.stdin_commands()
     blocked = _BlockProbe()
     probe = asyncio.create_task(blocked.run())

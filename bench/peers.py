@@ -5,7 +5,8 @@
     bench/.venv-peers/bin/python bench/peers.py enqueue SYSTEM --conn ... -n 20000
     bench/.venv-peers/bin/python bench/peers.py worker  SYSTEM --conn ... --mode throughput|lag
 
-SYSTEM is ``pgqueuer``, ``procrastinate`` or ``apscheduler``; ``--conn`` holds libpq
+SYSTEM is ``pgqueuer``, ``procrastinate``, ``apscheduler``, ``oban``, ``dbos`` or ``chancy``;
+``--conn`` holds libpq
 parameters (host, port, user, dbname) of a database on this machine. ``peers_run.py`` (in the
 library's environment) drives these commands, times them and checks the results, with the
 same parent logic as our own harnesses.
@@ -20,6 +21,23 @@ Settings, as in shared/BENCHMARK-TARGETS.md:
 * APScheduler 4: ``AsyncScheduler`` over ``SQLAlchemyDataStore`` (asyncpg) and
   ``AsyncpgEventBroker``; worker role and the task's ``max_running_jobs=None`` for throughput;
   ``IntervalTrigger(seconds=1)`` schedules (role both) for slot lag.
+* oban 0.7.0 (Python 3.12+): ``Oban(pool=..., queues={"default": 10})`` (queue limit 10, its
+  defaults otherwise: stager 1 s, leader election every 30 s); cron is per minute only
+  (``@worker(cron="* * * * *")``), inserted by the elected leader; ``enqueue_many`` batches.
+* dbos 3.4.0: ``DBOS(config={"name": "bench", "system_database_url": ..., "executor_id":
+  <one per process>})``; throughput through a queue registered with ``DBOS.register_queue``
+  (its defaults: no concurrency limit, polled every 1 s), enqueued by ``DBOSClient`` (no batch
+  API: 32 in flight); schedules through ``DBOS.apply_schedules`` with the cron
+  ``* * * * * *`` (seconds field): every process fires every slot, deduplicated by workflow id.
+* chancy 0.26.0: ``Queue("default", concurrency=10, executor=Chancy.Executor.Async,
+  eager_polling=True)``, its default plugins (leadership, recovery, pruner, metrics,
+  workflows) and, for schedules, ``Cron(poll_interval=1)`` with ``* * * * * *`` (its
+  default poll is 60 s: used for the per-minute schedules); ``push_many`` batches.
+
+``--schedule minute`` runs every recurring job on ``* * * * *`` instead of each system's
+1-second schedule; ``--record`` also inserts each execution into ``bench_executions``
+(system, job, slot, enqueued, pid, start), committed before the function returns, so that
+the executions of a process killed with SIGKILL are kept (``owner_death_peers.py``).
 
 Worker protocol (stdout lines): ``ready``; then on stdin ``go`` (throughput) and ``stop``;
 at the end it writes its result file (JSON) and prints ``done``. Every loop and wait is
@@ -30,8 +48,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import sys
 import threading
@@ -40,7 +60,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-SYSTEMS = ("pgqueuer", "procrastinate", "apscheduler")
+SYSTEMS = ("pgqueuer", "procrastinate", "apscheduler", "oban", "dbos", "chancy")
+SECOND_CRON = "* * * * * *"
+MINUTE_CRON = "* * * * *"
 EXECUTED: list[int] = []
 LAG_RECORDS: list[dict[str, Any]] = []
 
@@ -73,6 +95,24 @@ async def _next_command(queue: asyncio.Queue[str], deadline: float, *wanted: str
 
 def _dsn(conn: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in conn.items())
+
+
+def _cron(args: argparse.Namespace) -> str:
+    """The recurring jobs' cron: each second (a seconds field), or each minute."""
+    return SECOND_CRON if args.schedule == "second" else MINUTE_CRON
+
+
+def _pg_url(conn: dict[str, str]) -> str:
+    """A plain ``postgresql://`` URL (socket directory and port in the query), for DBOS."""
+    from sqlalchemy.engine import URL
+
+    return URL.create(
+        "postgresql",
+        username=conn.get("user"),
+        password=conn.get("password"),
+        database=conn["dbname"],
+        query={"host": conn["host"], "port": conn["port"]},
+    ).render_as_string(hide_password=False)
 
 
 def _sqlalchemy_url(conn: dict[str, str]) -> str:
@@ -112,14 +152,55 @@ async def lag_probe(key: str) -> None:
     started = time.time()
     job = current_job.get()
     fire = job.scheduled_fire_time
-    LAG_RECORDS.append(
-        {
-            "key": key,
-            "slot": fire.timestamp() if fire is not None else None,
-            "start": started,
-            "pid": os.getpid(),
-        }
-    )
+    await record(key, fire.timestamp() if fire is not None else None, started)
+
+
+class _Recorder:
+    """With ``--record``: each execution as a row of ``bench_executions``, committed before the
+    function returns (one autocommit connection per event loop), so that a SIGKILL loses none."""
+
+    def __init__(self) -> None:
+        self.system = ""
+        self.conn: dict[str, str] | None = None
+        self._connections: dict[int, tuple[Any, asyncio.Lock]] = {}
+
+    async def insert(self, row: dict[str, Any]) -> None:
+        import psycopg
+
+        assert self.conn is not None
+        loop = id(asyncio.get_running_loop())
+        if loop not in self._connections:
+            connection = await psycopg.AsyncConnection.connect(_dsn(self.conn), autocommit=True)
+            self._connections[loop] = (connection, asyncio.Lock())
+        connection, lock = self._connections[loop]
+        async with lock:
+            await connection.execute(
+                "INSERT INTO bench_executions "
+                "(system, job, slot, enqueued, next_run, pid, start, note) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    self.system,
+                    row["key"],
+                    row.get("slot"),
+                    row.get("enqueued"),
+                    row.get("next_run"),
+                    row["pid"],
+                    row["start"],
+                    row.get("note"),
+                ),
+            )
+
+
+RECORDER = _Recorder()
+
+
+async def record(key: str, slot: float | None, start: float, **extra: Any) -> None:
+    """One execution of a recurring job: kept in memory (the result file) and, with
+    ``--record``, in the database before the function returns."""
+    row = {"key": key, "slot": slot, "start": start, "pid": os.getpid(), **extra}
+    LAG_RECORDS.append(row)
+    if RECORDER.conn is not None:
+        await RECORDER.insert(row)
 
 
 # -- pgqueuer -------------------------------------------------------------------------------
@@ -175,18 +256,12 @@ async def pgqueuer_worker(args: argparse.Namespace, conn: dict[str, str]) -> dic
 
             def make(key: str) -> Callable[[Schedule], Any]:
                 async def probe(schedule: Schedule) -> None:
-                    LAG_RECORDS.append(
-                        {
-                            "key": key,
-                            "start": time.time(),
-                            "next_run": schedule.next_run.timestamp(),
-                            "pid": os.getpid(),
-                        }
-                    )
+                    started = time.time()
+                    await record(key, None, started, next_run=schedule.next_run.timestamp())
 
                 return probe
 
-            pgq.schedule(key, "* * * * * *")(make(key))
+            pgq.schedule(key, _cron(args))(make(key))
         runner = asyncio.create_task(pgq.run(batch_size=25))
         await asyncio.sleep(0.5)  # its schedules are inserted at the start of run()
         print("ready", flush=True)
@@ -273,14 +348,12 @@ async def procrastinate_worker(args: argparse.Namespace, conn: dict[str, str]) -
 
         def make(key: str) -> Callable[[int], Any]:
             async def probe(timestamp: int) -> None:
-                LAG_RECORDS.append(
-                    {"key": key, "slot": float(timestamp), "start": time.time(), "pid": os.getpid()}
-                )
+                await record(key, float(timestamp), time.time())
 
             probe.__name__ = key
             return probe
 
-        app.periodic(cron="* * * * * *", periodic_id=key)(app.task(name=key)(make(key)))
+        app.periodic(cron=_cron(args), periodic_id=key)(app.task(name=key)(make(key)))
     async with app.open_async():
         runner = asyncio.create_task(
             app.run_worker_async(concurrency=10, install_signal_handlers=False)
@@ -335,6 +408,7 @@ async def apscheduler_enqueue(conn: dict[str, str], n: int) -> float:
 
 async def apscheduler_worker(args: argparse.Namespace, conn: dict[str, str]) -> dict[str, Any]:
     from apscheduler import ConflictPolicy, JobReleased
+    from apscheduler.triggers.cron import CronTrigger
     from apscheduler.triggers.interval import IntervalTrigger
 
     commands = _commands()
@@ -365,7 +439,9 @@ async def apscheduler_worker(args: argparse.Namespace, conn: dict[str, str]) -> 
             key = f"lag{j}"
             await scheduler.add_schedule(
                 lag_probe,
-                IntervalTrigger(seconds=1),
+                IntervalTrigger(seconds=1)
+                if args.schedule == "second"
+                else CronTrigger.from_crontab(MINUTE_CRON),
                 id=key,
                 args=[key],
                 conflict_policy=ConflictPolicy.do_nothing,
@@ -375,6 +451,316 @@ async def apscheduler_worker(args: argparse.Namespace, conn: dict[str, str]) -> 
         await _next_command(commands, args.deadline, "stop")
         await scheduler.stop()
     await engine.dispose()
+    return out
+
+
+# -- shared by the newer peers ------------------------------------------------------------------
+
+LAST: list[float] = []
+"""The monotonic time of this process's latest no-op execution (its last completion, to
+within the function's own few microseconds)."""
+
+
+def _executed(i: int) -> None:
+    EXECUTED.append(i)
+    LAST[:] = [time.monotonic()]
+
+
+async def _serve(
+    args: argparse.Namespace,
+    commands: asyncio.Queue[str],
+    start: Callable[[], Any],
+    out: dict[str, Any],
+) -> bool:
+    """Throughput: wait for ``go``, call ``start`` (the peer's own start call, timed), wait
+    for ``stop``; out gets start and end (the last execution). False without ``go``."""
+    if await _next_command(commands, args.deadline, "go") != "go":
+        return False
+    out["start"] = time.monotonic()
+    started = start()
+    if asyncio.iscoroutine(started):
+        await started
+    await _next_command(commands, args.deadline, "stop")
+    out["end"] = LAST[0] if LAST else None
+    return True
+
+
+# -- oban ---------------------------------------------------------------------------------------
+
+
+def _oban_worker_class(name: str, process: Callable[..., Any], cron: str | None = None) -> Any:
+    """An Oban worker class named ``name`` in this module (Oban finds a job's worker by its
+    module and name, so every process must build the same names)."""
+    from oban import worker
+
+    cls = type(name, (), {"process": process, "__module__": __name__, "__qualname__": name})
+    if cron is None:
+        return worker(queue="default")(cls)
+    return worker(queue="default", cron=cron)(cls)
+
+
+async def _oban_noop(self: Any, job: Any) -> None:
+    _executed(int(job.args["i"]))
+
+
+async def oban_setup(conn: dict[str, str]) -> None:
+    from oban import Oban
+    from oban.schema import install
+
+    pool = await Oban.create_pool(_dsn(conn))
+    try:
+        await install(pool)
+    finally:
+        await pool.close()
+
+
+async def oban_enqueue(conn: dict[str, str], n: int) -> float:
+    from oban import Oban
+
+    noop = _oban_worker_class("ObanNoop", _oban_noop)
+    pool = await Oban.create_pool(_dsn(conn))
+    try:
+        async with Oban(pool=pool) as oban:  # client mode: no queues, no leadership
+            started = time.monotonic()
+            for chunk in range(0, n, 5000):
+                await oban.enqueue_many(
+                    noop.new({"i": i}) for i in range(chunk, min(n, chunk + 5000))
+                )
+            return time.monotonic() - started
+    finally:
+        await pool.close()
+
+
+async def oban_worker(args: argparse.Namespace, conn: dict[str, str]) -> dict[str, Any]:
+    from datetime import datetime
+
+    from oban import Oban
+
+    commands = _commands()
+    out: dict[str, Any] = {}
+    pool = await Oban.create_pool(_dsn(conn))
+    holder: list[Any] = []
+    if args.mode == "throughput":
+        _oban_worker_class("ObanNoop", _oban_noop)
+    else:
+        # Oban's cron has minute precision only: every job on "* * * * *", whatever --schedule
+        for j in range(args.jobs):
+            key = f"lag{j}"
+
+            def make(key: str) -> Callable[..., Any]:
+                async def process(self: Any, job: Any) -> None:
+                    started = time.time()
+                    slot = datetime.fromisoformat(job.meta["cron_at"]).timestamp()
+                    leader = bool(holder and holder[0].is_leader)
+                    await record(key, slot, started, note="leader" if leader else "follower")
+
+                return process
+
+            _oban_worker_class(f"ObanLag{j}", make(key), cron=MINUTE_CRON)
+    oban = Oban(pool=pool, queues={"default": 10}, node=f"bench-{args.index}-{os.getpid()}")
+    holder.append(oban)
+    try:
+        if args.mode == "throughput":
+            print("ready", flush=True)
+            if await _serve(args, commands, oban.start, out):
+                await oban.stop()
+        else:
+            await oban.start()
+            print("ready", flush=True)
+            await _next_command(commands, args.deadline, "stop")
+            await oban.stop()
+    finally:
+        await pool.close()
+    return out
+
+
+# -- dbos ---------------------------------------------------------------------------------------
+
+DBOS_QUEUE = "bench"
+DBOS_APP = "bench"
+
+
+def _dbos(conn: dict[str, str], index: int) -> Any:
+    """DBOS configured for this database (``DBOS.launch()`` comes later), with the no-op and
+    probe workflows registered (both async: they run on this process's event loop)."""
+    from datetime import datetime
+
+    from dbos import DBOS
+
+    DBOS(
+        config={
+            "name": DBOS_APP,
+            "system_database_url": _pg_url(conn),
+            "executor_id": f"bench-{index}-{os.getpid()}",
+            "log_level": "WARNING",
+        }
+    )
+
+    @DBOS.workflow(name="noop")
+    async def noop_workflow(i: int) -> None:
+        _executed(i)
+
+    @DBOS.workflow(name="probe")
+    async def probe_workflow(scheduled_at: datetime, context: Any) -> None:
+        await record(str(context), scheduled_at.timestamp(), time.time())
+
+    return DBOS, probe_workflow
+
+
+async def dbos_setup(conn: dict[str, str]) -> None:
+    dbos, _ = _dbos(conn, 0)
+    dbos.launch()  # creates the system tables (its migrations)
+    try:
+        await dbos.register_queue_async(DBOS_QUEUE)
+    finally:
+        await asyncio.to_thread(dbos.destroy, destroy_registry=True)
+
+
+async def dbos_enqueue(conn: dict[str, str], n: int) -> float:
+    """No batch API: ``DBOSClient.enqueue`` from 32 threads at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dbos import DBOSClient
+
+    def run() -> float:
+        client = DBOSClient(
+            system_database_url=_pg_url(conn),
+            application_name=DBOS_APP,
+            system_database_pool_size=32,
+        )
+        try:
+            options: Any = {"queue_name": DBOS_QUEUE, "workflow_name": "noop"}
+            started = time.monotonic()
+            with ThreadPoolExecutor(32) as pool:
+                for _ in pool.map(lambda i: client.enqueue(options, i), range(n)):
+                    pass
+            return time.monotonic() - started
+        finally:
+            client.destroy()
+
+    return await asyncio.to_thread(run)
+
+
+async def dbos_worker(args: argparse.Namespace, conn: dict[str, str]) -> dict[str, Any]:
+    commands = _commands()
+    out: dict[str, Any] = {}
+    dbos, probe = _dbos(conn, args.index)
+    try:
+        if args.mode == "throughput":
+            print("ready", flush=True)
+            await _serve(args, commands, dbos.launch, out)
+        else:
+            dbos.launch()
+            await dbos.apply_schedules_async(
+                [
+                    {
+                        "schedule_name": f"lag{j}",
+                        "workflow_fn": probe,
+                        "schedule": _cron(args),
+                        "context": f"lag{j}",
+                    }
+                    for j in range(args.jobs)
+                ]
+            )
+            print("ready", flush=True)
+            await _next_command(commands, args.deadline, "stop")
+    finally:
+        await asyncio.to_thread(dbos.destroy, destroy_registry=True)
+    return out
+
+
+# -- chancy -------------------------------------------------------------------------------------
+
+CHANCY_QUEUE = "default"
+
+
+async def chancy_noop(*, i: int) -> None:
+    _executed(i)
+
+
+async def chancy_probe(*, key: str, job: Any) -> None:
+    """The slot is not handed to the job: its ``created_at`` (when the cron plugin pushed it)
+    is kept, and ``peers_run.chancy_slots`` derives the slot from it."""
+    started = time.time()
+    await record(key, None, started, enqueued=job.created_at.timestamp())
+
+
+def _chancy(conn: dict[str, str], cron_poll: int | None) -> Any:
+    from chancy import Chancy
+    from chancy.plugins.cron import Cron
+
+    plugins = [Cron(poll_interval=cron_poll)] if cron_poll else [Cron()]
+    log = logging.getLogger("bench.chancy")  # its default logger prints every job at INFO
+    log.setLevel(logging.WARNING)
+    return Chancy(_dsn(conn), plugins=plugins, log=log)
+
+
+async def chancy_setup(conn: dict[str, str]) -> None:
+    from chancy import Chancy, Queue
+
+    async with _chancy(conn, None) as chancy:
+        await chancy.migrate()
+        await chancy.declare(
+            Queue(
+                CHANCY_QUEUE,
+                concurrency=10,
+                executor=Chancy.Executor.Async,
+                eager_polling=True,
+            )
+        )
+
+
+async def chancy_enqueue(conn: dict[str, str], n: int) -> float:
+    from chancy import Job
+
+    async with _chancy(conn, None) as chancy:
+        jobs = [
+            Job(func=f"{__name__}.chancy_noop", queue=CHANCY_QUEUE, kwargs={"i": i})
+            for i in range(n)
+        ]
+        started = time.monotonic()
+        async for _ in chancy.push_many(jobs, batch_size=1000):
+            pass
+        return time.monotonic() - started
+
+
+async def chancy_worker(args: argparse.Namespace, conn: dict[str, str]) -> dict[str, Any]:
+    from chancy import Job, QueuedJob, Worker
+    from chancy.plugins.cron import Cron
+
+    # the executor hands the job to a keyword-only parameter annotated QueuedJob
+    chancy_probe.__annotations__["job"] = QueuedJob
+    commands = _commands()
+    out: dict[str, Any] = {}
+    # the cron plugin polls each second for the 1-second schedule; its default (60 s) per minute
+    cron_poll = 1 if args.schedule == "second" else None
+    async with _chancy(conn, cron_poll) as chancy:
+        worker = Worker(
+            chancy, worker_id=f"bench-{args.index}-{os.getpid()}", register_signal_handlers=False
+        )
+        if args.mode == "throughput":
+            print("ready", flush=True)
+            if await _serve(args, commands, worker.start, out):
+                await worker.stop()
+            return out
+        if args.index == 0:  # the schedules are rows: one process stores them
+            await Cron.schedule(
+                chancy,
+                _cron(args),
+                *(
+                    Job(
+                        func=f"{__name__}.chancy_probe",
+                        queue=CHANCY_QUEUE,
+                        kwargs={"key": f"lag{j}"},
+                        unique_key=f"lag{j}",
+                    )
+                    for j in range(args.jobs)
+                ),
+            )
+        await worker.start()
+        print("ready", flush=True)
+        await _next_command(commands, args.deadline, "stop")
+        await worker.stop()
     return out
 
 
@@ -394,7 +780,11 @@ async def _main(args: argparse.Namespace) -> int:
         return 0
     out = await globals()[f"{system}_worker"](args, conn)
     out |= {"executed": EXECUTED, "records": LAG_RECORDS, "pid": os.getpid()}
-    await asyncio.to_thread(Path(args.result).write_text, json.dumps(out))
+    # a thread of its own: DBOS replaces the loop's default executor and shuts it down
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        await asyncio.get_running_loop().run_in_executor(
+            pool, Path(args.result).write_text, json.dumps(out)
+        )
     print("done", flush=True)
     return 0
 
@@ -404,6 +794,11 @@ def versions() -> dict[str, str]:
 
     names = ("pgqueuer", "procrastinate", "apscheduler", "psycopg", "asyncpg", "sqlalchemy")
     out = {name: version(name) for name in names}
+    for name in ("oban", "dbos", "chancy", "croniter"):
+        try:
+            out[name] = version(name)
+        except Exception:  # an older peers environment: reported as missing
+            out[name] = "not installed"
     out["uvloop"] = version("uvloop")
     out["python"] = sys.version.split()[0]
     return out
@@ -417,6 +812,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-n", type=int, default=20_000)
     p.add_argument("--mode", choices=("throughput", "lag"), default="throughput")
     p.add_argument("--jobs", type=int, default=10)
+    p.add_argument("--schedule", choices=("second", "minute"), default="second")
+    p.add_argument("--record", action="store_true", help="also a committed row per execution")
+    p.add_argument("--index", type=int, default=0, help="the worker's number (0 stores schedules)")
     p.add_argument("--result")
     p.add_argument("--deadline", type=float, default=None)
     args = p.parse_args(argv)
@@ -425,7 +823,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.deadline is None:
         args.deadline = time.monotonic() + 900
-    if args.system == "pgqueuer" and args.command == "worker":
+    if args.record:
+        RECORDER.system = args.system
+        RECORDER.conn = json.loads(args.conn)
+    if args.system in ("pgqueuer", "oban") and args.command == "worker":  # both use uvloop
         import uvloop
 
         return uvloop.run(_main(args))

@@ -4,6 +4,7 @@ with the same parent logic: throughput (N no-op jobs by K worker processes) and 
     python bench/peers_run.py throughput --system pgqueuer -k 1 2 -n 20000
     python bench/peers_run.py lag --system procrastinate --jobs 10 --duration 60
     python bench/peers_run.py throughput --quick           # every peer, N=1000
+    python bench/peers_run.py throughput --system oban dbos chancy -n 20000
 
 Throughput: a fresh database, the peer's schema, N jobs enqueued with the peer's batch API
 (timed: the enqueue rate), K workers started and released at once; timed from the workers'
@@ -11,9 +12,10 @@ run call (the earliest) until nothing is left (a worker in drain mode returns th
 its last completion; the parent polls the peer's queue table every 50 ms). Checks: every job
 executed once, nothing left. A peer that cannot do a workload gets n/a with the reason.
 
-Setting up the peers' environment (once; never a dependency of the library):
+Setting up the peers' environment (once; never a dependency of the library; Python 3.12 or
+later, as oban requires; this machine: /root/.pyenv/versions/3.12.1/bin/python):
 
-    python3 -m venv bench/.venv-peers
+    python3.12 -m venv bench/.venv-peers
     bench/.venv-peers/bin/pip install -r bench/requirements-peers.txt
 """
 
@@ -25,6 +27,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -47,18 +50,33 @@ except ImportError:  # run as a script: bench/ is on sys.path
 PEERS_VENV = common.BENCH / ".venv-peers"
 PEERS_PY = PEERS_VENV / "bin" / "python"
 PEERS_SCRIPT = common.BENCH / "peers.py"
-SYSTEMS = ("pgqueuer", "procrastinate", "apscheduler")
+SYSTEMS = ("pgqueuer", "procrastinate", "apscheduler", "oban", "dbos", "chancy")
+NEWER = ("oban", "dbos", "chancy")
+"""The peers added for issue 32 (their figures also get a section of their own)."""
+MINUTE_ONLY = ("oban",)
+"""Peers whose cron has minute precision only: no 1-second schedule."""
 
 REMAINING = {
     "pgqueuer": "SELECT count(*) FROM pgqueuer",
     "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
     "apscheduler": "SELECT count(*) FROM jobs",
+    "oban": "SELECT count(*) FROM oban_jobs "
+    "WHERE state IN ('available', 'scheduled', 'executing', 'retryable')",
+    "dbos": "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
+    "chancy": "SELECT count(*) FROM chancy_jobs WHERE state IN ('pending', 'running', 'retrying')",
 }
 SETTINGS = {
     "pgqueuer": "run(batch_size=25), uvloop; drain mode for throughput; cron '* * * * * *'",
     "procrastinate": "run_worker_async(concurrency=10); periodic cron '* * * * * *'",
     "apscheduler": "SQLAlchemyDataStore + AsyncpgEventBroker; worker role, "
     "max_running_jobs=None; IntervalTrigger(seconds=1) (role both) for lag",
+    "oban": "Oban(queues={'default': 10}), its defaults (stager 1 s, leader election 30 s), "
+    "uvloop; cron '* * * * *' (minute precision only) by the elected leader",
+    "dbos": "DBOS.register_queue('bench') (no concurrency limit, polled every 1 s), "
+    "DBOSClient.enqueue 32 in flight; DBOS.apply_schedules cron '* * * * * *', one executor id "
+    "per process",
+    "chancy": "Queue(concurrency=10, executor=Async, eager_polling=True), default plugins; "
+    "Cron(poll_interval=1) '* * * * * *' (per minute: its default poll, 60 s)",
 }
 
 
@@ -66,7 +84,7 @@ def available() -> str | None:
     """None when the peers' environment is usable, else why not."""
     if not PEERS_PY.exists():
         return (
-            f"{PEERS_PY} missing: python3 -m venv bench/.venv-peers && "
+            f"{PEERS_PY} missing: python3.12 -m venv bench/.venv-peers (Python 3.12+: oban) && "
             "bench/.venv-peers/bin/pip install -r bench/requirements-peers.txt"
         )
     return None
@@ -175,7 +193,7 @@ async def peer_throughput(
                 for index in range(processes):
                     args = [str(PEERS_PY), str(PEERS_SCRIPT), "worker", system, "--conn", conn]
                     args += ["--mode", "throughput", "--result", str(results[index])]
-                    args += ["--deadline", repr(deadline)]
+                    args += ["--deadline", repr(deadline), "--index", str(index)]
                     children.append(
                         await common.Child.spawn(
                             args, Path(work) / f"worker-{index}.log", f"{system} worker {index}"
@@ -274,6 +292,42 @@ def _pgqueuer_slots(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def chancy_slots(records: list[dict[str, Any]], period: float) -> list[dict[str, Any]]:
+    """chancy's cron plugin pushes a job without its slot, then sets the schedule's next run to
+    the first grid point after the push (its own clock). So the slot a push serves is the first
+    grid point after the previous push of the same job (``enqueued``: the job's created_at).
+    Where two pushes lie more than 1.5 periods apart (a dead owner, a push skipped because the
+    job was still queued), that chain is unknown and the slot is the last grid point at or
+    before the push; each job's first push has no slot (the warm-up excludes it anyway)."""
+    by_key: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for record in records:
+        by_key[record["key"]].append(record)
+    out = []
+    for runs in by_key.values():
+        runs.sort(key=lambda r: r["enqueued"])
+        previous: float | None = None
+        for run in runs:
+            pushed = run["enqueued"]
+            if previous is not None and pushed - previous <= 1.5 * period:
+                slot: float | None = (math.floor(previous / period + 1e-9) + 1) * period
+            elif previous is not None:
+                slot = math.floor(pushed / period + 1e-9) * period
+            else:
+                slot = None
+            out.append(run | {"slot": slot})
+            previous = pushed
+    return out
+
+
+def fix_slots(system: str, records: list[dict[str, Any]], period: float) -> list[dict[str, Any]]:
+    """Each record's slot, for the peers that do not hand it to the function."""
+    if system == "pgqueuer":
+        return _pgqueuer_slots(records)
+    if system == "chancy":
+        return chancy_slots(records, period)
+    return records
+
+
 async def peer_lag(
     server: common.ServerInfo,
     system: str,
@@ -283,6 +337,10 @@ async def peer_lag(
     duration: float = 60.0,
     warmup: float = slot_lag.WARMUP,
 ) -> slot_lag.LagRun:
+    if system in MINUTE_ONLY:
+        return slot_lag.LagRun(
+            system, processes, jobs, 1.0, duration, None, ["minute cron only"], SETTINGS[system]
+        )
     async with common.fresh_database(server.url, f"ekbatan_peer_{system}") as db_url:
         database = db_url.rsplit("/", 1)[1].split("?", 1)[0]
         conn = json.dumps(server.libpq(database))
@@ -292,14 +350,12 @@ async def peer_lag(
         def args(index: int, result: Path) -> list[str]:
             cmd = [str(PEERS_PY), str(PEERS_SCRIPT), "worker", system, "--conn", conn]
             cmd += ["--mode", "lag", "--jobs", str(jobs), "--result", str(result)]
-            return [*cmd, "--deadline", repr(deadline)]
+            return [*cmd, "--deadline", repr(deadline), "--index", str(index)]
 
         records, window, errors, _ = await slot_lag.run_lag_workers(
             args, processes=processes, duration=duration, warmup=warmup
         )
-    lag_records = records
-    if system == "pgqueuer":
-        lag_records = _pgqueuer_slots(lag_records)
+    lag_records = fix_slots(system, records, 1.0)
     keys = [f"lag{j}" for j in range(jobs)]
     result = lagstats.analyze(lag_records, 1.0, window, keys) if lag_records else None
     return slot_lag.LagRun(

@@ -1,8 +1,10 @@
-"""Every benchmark in one run, on one database server, written to docs/BENCHMARKS.md.
+"""Every benchmark in one run, on one database server, written to docs/benchmarks/side-by-side.md.
 
-    python bench/run_all.py                     # the full run (about 20 minutes)
+    python bench/run_all.py                     # the full run (60-90 minutes on 2 cores)
     python bench/run_all.py --quick             # a smoke run (small sizes), written to a temp dir
-    python bench/run_all.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test
+    python bench/run_all.py --short             # issue 32's table only (30-40 minutes)
+    python bench/run_all.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test \
+        --mysql-url mysql+asyncmy://root@127.0.0.1:3306/test   # + ours' owner death on MariaDB
 
 One private PostgreSQL cluster (``common.private_postgres``: the machine's PostgreSQL 15 binaries,
 Unix socket, fsync on, pg_stat_statements) serves every figure, ours and the peers', each in a
@@ -13,13 +15,21 @@ fresh database. In order:
    strategies, median of 3) and our batch enqueue (``client.schedule_many``);
 3. the peers' throughput and enqueue (``peers_run.py``, in ``bench/.venv-peers``), K = 1 2;
 4. slot lag, ours and each peer's (``slot_lag.py``): 10 jobs x 1 s, 2 processes, 60 s;
-5. failover after SIGKILL (``failover.py``): heartbeat 1 s x 4, 20 trials;
+5. failover after SIGKILL (``failover.py``): the library's defaults (liveness lock), 20 trials;
 6. idle cost (``idle_cost.py``): 100 recurring jobs, 60 s;
-7. a cProfile of one throughput worker (lock-and-fetch, K=1) and of the slot-lag workers.
+7. a cProfile of one throughput worker (lock-and-fetch, K=1) and of the slot-lag workers;
+8. slot lag per minute (``owner_death_peers.py minute``): every system on ``* * * * *``, 10 jobs,
+   2 processes, 4 minutes, the systems at the same time;
+9. owner death (``owner_death_peers.py death``): SIGKILL the process that started the latest
+   execution just before the next slot, 5 trials per system.
+
+``--systems`` chooses the systems (``ekbatan-fastapi`` and any of the peers, comma-separated;
+default every one), ``--only`` the sections (comma-separated: db_limit, throughput, lag,
+failover, idle, minute, death; default all). A clean summary table ends the output.
 
 It writes ``results.json`` and PNG charts (matplotlib from the peers' environment) next to the
-Markdown, and merges its section into ``docs/BENCHMARKS.md`` between two markers: whatever else
-the file holds (another harness's section) is kept, re-read right before writing.
+Markdown, and merges its section into ``docs/benchmarks/side-by-side.md`` between two markers:
+whatever else the file holds (another harness's section) is kept, re-read right before writing.
 Every section is bounded in time; a section that fails is reported as such, the others still run.
 """
 
@@ -47,24 +57,30 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 try:
-    from bench import common, db_limit, failover, idle_cost, peers_run, slot_lag
+    from bench import common, db_limit, failover, idle_cost, owner_death_peers, peers_run, slot_lag
 except ImportError:  # run as a script: bench/ is on sys.path
     import common  # type: ignore[no-redef]
     import db_limit  # type: ignore[no-redef]
     import failover  # type: ignore[no-redef]
     import idle_cost  # type: ignore[no-redef]
+    import owner_death_peers  # type: ignore[no-redef]
     import peers_run  # type: ignore[no-redef]
     import slot_lag  # type: ignore[no-redef]
 
 BEGIN = "<!-- bench/run_all.py: begin (generated; edit outside these markers) -->"
 END = "<!-- bench/run_all.py: end -->"
+DEFAULT_OUT = common.ROOT / "docs" / "benchmarks" / "side-by-side.md"
 OURS = "ekbatan-fastapi"
+SECTIONS = ("db_limit", "throughput", "lag", "failover", "idle", "minute", "death")
+ALL_SYSTEMS = (OURS, *peers_run.SYSTEMS)
+MARIADB_ROW = f"{OURS} (MariaDB)"
+"""Ours on the MySQL/MariaDB server of ``--mysql-url``: the owner-death section only."""
 TARGETS = {
     "throughput_k2": "ahead of pgqueuer in the same run (>= 15,500 on the reference figures)",
     "fetch_k2": ">= 4,000/s",
     "efficiency": ">= 0.5 of the database's limit",
     "lag": "p99 <= 20 ms, max <= 50 ms, 0 duplicates, 0 skipped",
-    "failover": "<= 5.1 s p99 over 20 trials",
+    "failover": "<= 2 s p99 over 20 trials (liveness lock)",
     "idle": "<= 1 poll statement per polling interval",
 }
 
@@ -72,7 +88,19 @@ TARGETS = {
 # -- sizes ------------------------------------------------------------------------------------
 
 
-def sizes(quick: bool) -> dict[str, Any]:
+SHORT_SYSTEMS = (OURS, "dbos", "chancy", "oban")
+"""``--short``: the systems of issue 32's table."""
+SHORT_SECTIONS = ("throughput", "lag", "minute", "death")
+"""``--short``: the sections of issue 32's table (throughput, 1 s and per-minute slot lag,
+owner death)."""
+
+
+def sizes(quick: bool, short: bool = False) -> dict[str, Any]:
+    """The workloads: ``quick`` a smoke run; ``short`` the full sizes but one repeat of our
+    throughput at 1 and 2 processes (the peers' throughput, the lags and the owner deaths
+    unchanged: 20,000 jobs, 60 s, 4 minutes, 5 trials)."""
+    if short and not quick:
+        return sizes(False) | {"processes": [1, 2], "repeat": 1}
     if quick:
         return {
             "n": 1000,
@@ -85,6 +113,9 @@ def sizes(quick: bool) -> dict[str, Any]:
             "idle_jobs": 10,
             "idle_duration": 3.0,
             "idle_settle": 1.0,
+            "minute_jobs": 2,
+            "minutes": 1,
+            "death_trials": 1,
         }
     return {
         "n": 20_000,
@@ -97,6 +128,9 @@ def sizes(quick: bool) -> dict[str, Any]:
         "idle_jobs": 100,
         "idle_duration": 60.0,
         "idle_settle": 11.0,
+        "minute_jobs": owner_death_peers.MINUTE_JOBS,
+        "minutes": owner_death_peers.MINUTES,
+        "death_trials": owner_death_peers.DEFAULT_TRIALS,
     }
 
 
@@ -244,9 +278,11 @@ async def ours_enqueue(server: common.ServerInfo, n: int) -> dict[str, Any]:
     return {"n": n, "created": created, "seconds": seconds, "rate": n / seconds}
 
 
-async def peers_throughput(server: common.ServerInfo, size: dict[str, Any]) -> list[Any]:
+async def peers_throughput(
+    server: common.ServerInfo, size: dict[str, Any], peers: Sequence[str] = peers_run.SYSTEMS
+) -> list[Any]:
     out: list[Any] = []
-    for system in peers_run.SYSTEMS:
+    for system in peers:
         # pgqueuer runs take seconds: the median of several, as for ours; the slow peers once
         repeats = size["repeat"] if system == "pgqueuer" else 1
         for rep, k in ((rep, k) for rep in range(1, repeats + 1) for k in (1, 2)):
@@ -261,16 +297,24 @@ async def peers_throughput(server: common.ServerInfo, size: dict[str, Any]) -> l
 
 
 async def lag_all(
-    server: common.ServerInfo, size: dict[str, Any], peers: bool, work: Path, profile: bool
+    server: common.ServerInfo,
+    size: dict[str, Any],
+    peers: Sequence[str],
+    work: Path,
+    profile: bool,
+    ours_too: bool = True,
 ) -> list[dict[str, Any]]:
     runs = []
-    ours = await slot_lag.run_ours(
-        server, processes=2, jobs=size["lag_jobs"], duration=size["lag_duration"]
-    )
-    runs.append(ours)
-    print(slot_lag.format_table([ours]), flush=True)
+    if ours_too:
+        ours = await slot_lag.run_ours(
+            server, processes=2, jobs=size["lag_jobs"], duration=size["lag_duration"]
+        )
+        runs.append(ours)
+        print(slot_lag.format_table([ours]), flush=True)
+    else:
+        profile = False
     if peers:
-        for system in peers_run.SYSTEMS:
+        for system in peers:
             try:
                 run = await peers_run.peer_lag(
                     server,
@@ -292,7 +336,7 @@ async def lag_all(
             print(slot_lag.format_table([run]).splitlines()[-1], flush=True)
             runs.append(run)
     out = [r.as_dict() for r in runs]
-    if profile:  # a separate, shorter run: the profiler must not inflate the headline lag
+    if profile and out:  # a separate, shorter run: the profiler must not inflate the headline lag
         prof = work / "lag-profile"
         await slot_lag.run_ours(
             server, processes=2, jobs=size["lag_jobs"], duration=20.0, cprofile_dir=prof
@@ -433,11 +477,12 @@ def verdicts(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return out
 
 
-def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
-    env = results["environment"]
-    pv = results.get("peer_versions") or {}
+def _render_setup(results: dict[str, Any]) -> list[str]:
+    """The section's title, the command and the environment."""
     L: list[str] = []
     w = L.append
+    env = results["environment"]
+    pv = results.get("peer_versions") or {}
     w("## Side by side: ours, the peers and the database's limit (`bench/run_all.py`)")
     w("")
     w(
@@ -460,7 +505,9 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
             f"- peers (bench/.venv-peers, `bench/requirements-peers.txt`): pgqueuer "
             f"{pv.get('pgqueuer')}, procrastinate {pv.get('procrastinate')} (psycopg "
             f"{pv.get('psycopg')}), APScheduler {pv.get('apscheduler')} (SQLAlchemy "
-            f"{pv.get('sqlalchemy')}, asyncpg {pv.get('asyncpg')}), uvloop {pv.get('uvloop')}"
+            f"{pv.get('sqlalchemy')}, asyncpg {pv.get('asyncpg')}), uvloop {pv.get('uvloop')}, "
+            f"oban {pv.get('oban')}, dbos {pv.get('dbos')}, chancy {pv.get('chancy')}; "
+            f"Python {pv.get('python')}"
         )
     else:
         w(f"- peers: not run ({results.get('peers_skipped', 'no peers environment')})")
@@ -474,10 +521,19 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
     timings = ", ".join(f"{k} {v}" for k, v in results.get("timings", {}).items())
     w(f"- sections took (s): {timings}")
     w("")
+    return L
+
+
+def _render_headline(results: dict[str, Any], charts: list[str], doc_dir: Path) -> list[str]:
+    """The ratios of this run against the targets, and the charts."""
+    L: list[str] = []
+    w = L.append
     w("### Headline: the ratios measured in this run")
     w("")
-    w("| figure | ekbatan-fastapi | pgqueuer | procrastinate | APScheduler 4 | target |")
-    w("| --- | ---: | ---: | ---: | ---: | --- |")
+    n_peers = len(peers_run.SYSTEMS)
+    blank = " |" * n_peers
+    w(f"| figure | ekbatan-fastapi | {' | '.join(peers_run.SYSTEMS)} | target |")
+    w("| --- |" + " ---: |" * (n_peers + 1) + " --- |")
     for k in (1, 2):
         cells = [_rate(_ours_rate(results, "lock-and-fetch", k))]
         for system in peers_run.SYSTEMS:
@@ -490,7 +546,7 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
         )
     w(
         f"| the same, ours with the fetch (optimistic) strategy, 2 processes | "
-        f"{_rate(_ours_rate(results, 'fetch', 2))} | | | | {TARGETS['fetch_k2']} |"
+        f"{_rate(_ours_rate(results, 'fetch', 2))} |{blank} {TARGETS['fetch_k2']} |"
     )
     enq = results.get("ours_enqueue", {})
     cells = [_rate(enq.get("rate")) if isinstance(enq, dict) else "n/a"]
@@ -511,15 +567,15 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
     if isinstance(fo, dict) and "summary" in fo:
         s = fo["summary"]
         w(
-            f"| failover after SIGKILL, heartbeat 1 s x 4: p50 / p99 / max (s) | "
-            f"{s['p50_s']:.2f} / {s['p99_s']:.2f} / {s['max_s']:.2f} | | | | "
+            f"| failover after SIGKILL, the defaults (liveness lock): p50 / p99 / max (s) | "
+            f"{s['p50_s']:.2f} / {s['p99_s']:.2f} / {s['max_s']:.2f} |{blank} "
             f"{TARGETS['failover']} |"
         )
     idle = results.get("idle")
     if isinstance(idle, dict) and "polls_per_interval" in idle:
         w(
             f"| idle, 100 recurring jobs: statements/s (poll statements per interval) | "
-            f"{idle['statements_per_second']:.2f} ({idle['polls_per_interval']:.2f}) | | | | "
+            f"{idle['statements_per_second']:.2f} ({idle['polls_per_interval']:.2f}) |{blank} "
             f"{TARGETS['idle']} |"
         )
     w("")
@@ -535,7 +591,13 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
         rel = os.path.relpath(chart, doc_dir)
         w(f"![{Path(chart).stem}]({rel})")
         w("")
-    # database limit
+    return L
+
+
+def _render_db_limit(results: dict[str, Any]) -> list[str]:
+    """The database's limit for our SQL."""
+    L: list[str] = []
+    w = L.append
     w("### The database's limit for our SQL (`bench/db_limit.py`)")
     w("")
     dl = results.get("db_limit", {})
@@ -579,7 +641,13 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
     else:
         w(f"not measured: {dl.get('error', 'skipped')}")
     w("")
-    # throughput
+    return L
+
+
+def _render_throughput(results: dict[str, Any]) -> list[str]:
+    """Ours and the peers' throughput."""
+    L: list[str] = []
+    w = L.append
     w("### Throughput (`bench/throughput.py`, `bench/peers_run.py`)")
     w("")
     ot = results.get("ours_throughput", {})
@@ -629,7 +697,13 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
     else:
         w(f"peers: not measured: {results.get('peers_skipped') or peers}")
     w("")
-    # lag
+    return L
+
+
+def _render_lag(results: dict[str, Any]) -> list[str]:
+    """The slot lag, and where ours goes."""
+    L: list[str] = []
+    w = L.append
     w("### Slot lag (`bench/slot_lag.py`)")
     w("")
     lag = results.get("slot_lag")
@@ -660,7 +734,14 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
     else:
         w(f"not measured: {lag}")
     w("")
-    # failover
+    return L
+
+
+def _render_failover(results: dict[str, Any]) -> list[str]:
+    """Failover after SIGKILL."""
+    L: list[str] = []
+    w = L.append
+    fo = results.get("failover")
     w("### Failover after SIGKILL (`bench/failover.py`)")
     w("")
     if isinstance(fo, dict) and "summary" in fo:
@@ -669,6 +750,8 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
             fo["heartbeat"],
             fo["limit"],
             fo["summary"]["goal_s"],
+            fo["summary"].get("liveness_lock", "auto"),
+            fo["summary"].get("database", "postgresql"),
         )
         w(failover.format_table(run))
         w("")
@@ -683,7 +766,14 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
     else:
         w(f"not measured: {fo}")
     w("")
-    # idle
+    return L
+
+
+def _render_idle(results: dict[str, Any]) -> list[str]:
+    """The idle cost."""
+    L: list[str] = []
+    w = L.append
+    idle = results.get("idle")
     w("### Idle cost (`bench/idle_cost.py`)")
     w("")
     if isinstance(idle, dict) and "polls_per_interval" in idle:
@@ -699,7 +789,26 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
     else:
         w(f"not measured: {idle}")
     w("")
-    # profiles
+    return L
+
+
+def _render_side_by_side(results: dict[str, Any]) -> list[str]:
+    """Every system side by side (the newer figures)."""
+    L: list[str] = []
+    w = L.append
+    L.extend(render_newer(results))
+    if any(k in results for k in ("minute_lag", "owner_death")):
+        w("### Every system side by side")
+        w("")
+        w(summary_table(results))
+        w("")
+    return L
+
+
+def _render_profile(results: dict[str, Any]) -> list[str]:
+    """A cProfile of one throughput worker."""
+    L: list[str] = []
+    w = L.append
     prof = (results.get("ours_throughput") or {}).get("profile")
     if prof:
         w("### Where the time goes: cProfile of one throughput worker (lock-and-fetch, K=1)")
@@ -718,7 +827,174 @@ def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
         for r in prof["by_cumtime"]:
             w(f"| `{r['function']}` | {r['calls']} | {r['tottime']:.3f} | {r['cumtime']:.3f} |")
         w("")
-    return "\n".join(L)
+    return L
+
+
+def render(results: dict[str, Any], charts: list[str], doc_dir: Path) -> str:
+    sections = [
+        _render_setup(results),
+        _render_headline(results, charts, doc_dir),
+        _render_db_limit(results),
+        _render_throughput(results),
+        _render_lag(results),
+        _render_failover(results),
+        _render_idle(results),
+        _render_side_by_side(results),
+        _render_profile(results),
+    ]
+    return "\n".join(line for section in sections for line in section)
+
+
+def _minute(results: dict[str, Any], system: str) -> dict[str, Any] | None:
+    runs = results.get("minute_lag")
+    if not isinstance(runs, list):
+        return None
+    return next((r for r in runs if r["system"] == system), None)
+
+
+def _death(results: dict[str, Any], system: str) -> dict[str, Any] | None:
+    runs = results.get("owner_death_mysql" if system == MARIADB_ROW else "owner_death")
+    if not isinstance(runs, list):
+        return None
+    return next((r for r in runs if r["system"] == system), None)
+
+
+def summary_table(results: dict[str, Any]) -> str:
+    """One row per system measured: the headline figures of this run side by side."""
+    systems = [s for s in ALL_SYSTEMS if _measured(results, s)]
+    if _death(results, MARIADB_ROW):
+        systems.insert(1 if OURS in systems else 0, MARIADB_ROW)
+    rows = []
+    for system in systems:
+        if system == MARIADB_ROW:  # owner death only
+            k1 = k2 = "n/a"
+        elif system == OURS:
+            k1 = _rate(_ours_rate(results, "lock-and-fetch", 1))
+            k2 = _rate(_ours_rate(results, "lock-and-fetch", 2))
+        else:
+            p1, p2 = _peer(results, system, 1), _peer(results, system, 2)
+            k1 = _rate(p1["rate"]) if p1 and p1.get("ok") else "n/a"
+            k2 = _rate(p2["rate"]) if p2 and p2.get("ok") else "n/a"
+        lag = _lag(results, system)
+        lag_cell = "n/a"
+        if lag and lag.get("result"):
+            r = lag["result"]
+            lag_cell = f"{common.fmt_ms(r['p50_ms'])} / {common.fmt_ms(r['p99_ms'])}"
+        elif lag:
+            lag_cell = "n/a (" + "; ".join(lag.get("errors", []))[:40] + ")"
+        minute = _minute(results, system)
+        minute_cell = "n/a"
+        if minute and minute.get("result"):
+            r = minute["result"]
+            minute_cell = f"{common.fmt_ms(r['p50_ms'])} / {common.fmt_ms(r['p99_ms'])}"
+            if r["skipped"] or r["duplicates"]:
+                minute_cell += f" ({r['skipped']} skipped, {r['duplicates']} dup.)"
+        death = _death(results, system)
+        death_cell = lost_cell = "n/a"
+        if death and death["trials"]:
+            d = death["summary"]
+            lates = [t["late_s"] for t in death["trials"] if t.get("late_s") is not None]
+            span = f"{min(lates):.2f}-{max(lates):.2f} s" if lates else "never"
+            sched = "1 s" if death["period"] <= 1.0 else "1 min"
+            death_cell = f"{d['next_slot_ran']}/{d['trials']} ({sched}), late {span}"
+            lost_cell = ", ".join(map(str, d["lost"])) + f"; dup. {d['duplicates']}"
+        rows.append(f"| {system} | {k1} | {k2} | {lag_cell} | {minute_cell} | {death_cell} "
+                    f"| {lost_cell} |")  # fmt: skip
+    return "\n".join(
+        [
+            "| system | no-op jobs/s, 1 process | 2 processes | 1 s slot lag p50 / p99 ms "
+            "| per-minute lag p50 / p99 ms | owner death: next slot ran, late by "
+            "| owner death: slots lost per trial; duplicates |",
+            "| --- | ---: | ---: | --- | --- | --- | --- |",
+            *rows,
+        ]
+    )
+
+
+def _measured(results: dict[str, Any], system: str) -> bool:
+    if system == OURS:
+        return any(k in results for k in ("ours_throughput", "slot_lag", "owner_death"))
+    return bool(
+        _peer(results, system, 1)
+        or _lag(results, system)
+        or _minute(results, system)
+        or _death(results, system)
+    )
+
+
+def render_newer(results: dict[str, Any]) -> list[str]:
+    """The per-minute and owner-death sections (issue 32)."""
+    L: list[str] = []
+    w = L.append
+    minute = results.get("minute_lag")
+    if minute is not None:
+        w("### Slot lag per minute (`bench/owner_death_peers.py minute`)")
+        w("")
+        if isinstance(minute, list):
+            w(
+                "Every system on `* * * * *` (ours: `Schedules.cron`), 2 processes, the systems "
+                "at the same time, each on its own database; lag = start of the function - the "
+                "minute, over the whole minutes measured."
+            )
+            w("")
+            w(
+                owner_death_peers.format_minute(
+                    [
+                        owner_death_peers.MinuteRun(
+                            r["system"],
+                            r["jobs"],
+                            r["minutes"],
+                            _LagResultView(**r["result"]) if r.get("result") else None,  # type: ignore[arg-type]
+                            r["errors"],
+                            r.get("settings", ""),
+                        )
+                        for r in minute
+                    ]
+                )
+            )
+        else:
+            w(f"not measured: {minute}")
+        w("")
+    death = results.get("owner_death")
+    mariadb = results.get("owner_death_mysql")
+    if isinstance(death, list) and isinstance(mariadb, list):
+        death = death + mariadb
+    elif death is None:
+        death = mariadb
+    if death is not None:
+        w("### Owner death (`bench/owner_death_peers.py death`)")
+        w("")
+        if isinstance(death, list):
+            w(
+                "2 processes, 3 recurring jobs on the finest schedule each system supports; the "
+                "process that started the most recent execution is SIGKILLed 0.5 s before the "
+                "next slot (2 s before the minute on a minute schedule). Late by = the job's "
+                "first start after the kill - its next slot (the largest of the 3 jobs); lost "
+                "= slots of the observed window no process ran, over the 3 jobs. Executions "
+                "are rows committed by the function itself, so the victim's are kept."
+            )
+            w("")
+            runs = [_death_run(r) for r in death]
+            w(owner_death_peers.format_death(runs))
+            for run in runs:
+                w("")
+                w(f"{run.system}:")
+                w("")
+                w(owner_death_peers.format_death_trials(run))
+        else:
+            w(f"not measured: {death}")
+        w("")
+    return L
+
+
+def _death_run(r: dict[str, Any]) -> owner_death_peers.DeathRun:
+    return owner_death_peers.DeathRun(
+        r["system"],
+        r["period"],
+        [owner_death_peers.DeathTrial(**t) for t in r["trials"]],
+        r.get("settings", ""),
+        r.get("errors", []),
+    )
 
 
 def _lag_run(r: dict[str, Any]) -> slot_lag.LagRun:
@@ -784,7 +1060,7 @@ def make_charts(results_path: Path, out_dir: Path) -> list[str]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    size = sizes(args.quick)
+    size = sizes(args.quick, args.short)
     results: dict[str, Any] = {
         "command": "python bench/run_all.py " + " ".join(args.argv),
         "quick": args.quick,
@@ -805,7 +1081,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 await engine.dispose()
             results["server"] = {"kind": server.kind, "version": version}
-            profile = not args.quick
+            profile = not (args.quick or args.short)
 
             async def limit() -> dict[str, Any]:
                 runs = await db_limit.measure(
@@ -829,23 +1105,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "single_row": {str(k): v for k, v in single.items()},
                 }
 
-            await _section(results, "db_limit", limit)
-            await _section(
-                results, "ours_throughput", lambda: ours_throughput(server, size, work, profile)
-            )
-            await _section(results, "ours_enqueue", lambda: ours_enqueue(server, size["n"]))
-            if not peers_reason:
-                await _section(results, "peers_throughput", lambda: peers_throughput(server, size))
-            await _section(
-                results, "slot_lag", lambda: lag_all(server, size, not peers_reason, work, profile)
-            )
+            only, chosen = args.only, args.systems
+            ours_in = OURS in chosen
+            peers = [] if peers_reason else [x for x in peers_run.SYSTEMS if x in chosen]
+            if "db_limit" in only and ours_in:
+                await _section(results, "db_limit", limit)
+            if "throughput" in only and ours_in:
+                await _section(
+                    results, "ours_throughput", lambda: ours_throughput(server, size, work, profile)
+                )
+                await _section(results, "ours_enqueue", lambda: ours_enqueue(server, size["n"]))
+            if "throughput" in only and peers:
+                await _section(
+                    results, "peers_throughput", lambda: peers_throughput(server, size, peers)
+                )
+            if "lag" in only and (ours_in or peers):
+                await _section(
+                    results,
+                    "slot_lag",
+                    lambda: lag_all(server, size, peers, work, profile, ours_too=ours_in),
+                )
 
             async def fail() -> dict[str, Any]:
                 run = await failover.run_failover(server, trials=size["failover_trials"])
                 print(failover.format_table(run), flush=True)
                 return run.as_dict() | {"heartbeat": run.heartbeat, "limit": run.limit}
 
-            await _section(results, "failover", fail)
+            if "failover" in only and ours_in:
+                await _section(results, "failover", fail)
 
             async def idle() -> dict[str, Any]:
                 run = await idle_cost.run_idle(
@@ -857,7 +1144,50 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(idle_cost.format_table(run), flush=True)
                 return run.as_dict()
 
-            await _section(results, "idle", idle)
+            if "idle" in only and ours_in:
+                await _section(results, "idle", idle)
+            known = owner_death_peers.systems()
+            harnessed = [known[x] for x in ([OURS] if ours_in else []) + peers]
+
+            async def minute() -> list[dict[str, Any]]:
+                runs = await owner_death_peers.run_minute(
+                    server, harnessed, jobs=size["minute_jobs"], minutes=size["minutes"]
+                )
+                print(owner_death_peers.format_minute(runs), flush=True)
+                return [r.as_dict() for r in runs]
+
+            if "minute" in only and harnessed:
+                await _section(results, "minute_lag", minute)
+
+            async def death() -> list[dict[str, Any]]:
+                runs = await owner_death_peers.run_death_all(
+                    server, harnessed, trials=size["death_trials"]
+                )
+                print(owner_death_peers.format_death(runs), flush=True)
+                return [r.as_dict() for r in runs]
+
+            if "death" in only and harnessed:
+                await _section(results, "owner_death", death)
+    return results
+
+
+async def run_with_mysql(args: argparse.Namespace) -> dict[str, Any]:
+    """``run``, then (``--mysql-url``, the death section chosen) ours' owner death on that
+    MySQL/MariaDB server: the same harness and trials, its own row."""
+    results = await run(args)
+    if not args.mysql_url or "death" not in args.only or OURS not in args.systems:
+        return results
+    trials = sizes(args.quick, args.short)["death_trials"]
+
+    async def death_mysql() -> list[dict[str, Any]]:
+        with common.private_postgres(args.mysql_url) as mysql:
+            run = await owner_death_peers.run_death(mysql, owner_death_peers.Ours(), trials=trials)
+        run.system = MARIADB_ROW
+        print(owner_death_peers.format_death([run]), flush=True)
+        print(owner_death_peers.format_death_trials(run), flush=True)
+        return [run.as_dict()]
+
+    await _section(results, "owner_death_mysql", death_mysql)
     return results
 
 
@@ -878,24 +1208,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--url", help="a PostgreSQL server on this machine (default: a private one)")
     p.add_argument("--quick", action="store_true", help="small sizes; written to a temp dir")
+    p.add_argument(
+        "--mysql-url",
+        help="a MySQL/MariaDB server on this machine: ours is also measured there in the "
+        "owner-death section (e.g. mysql+asyncmy://root@127.0.0.1:3306/test)",
+    )
+    p.add_argument(
+        "--short",
+        action="store_true",
+        help="every row of issue 32's table and nothing else: the sections "
+        f"{','.join(SHORT_SECTIONS)} and the systems {','.join(SHORT_SYSTEMS)} (unless --only "
+        "or --systems say otherwise), our throughput once at 1 and 2 processes",
+    )
     p.add_argument("--no-peers", action="store_true", help="skip the peers")
+    p.add_argument(
+        "--systems",
+        default=None,
+        help=f"comma-separated, of: {', '.join(ALL_SYSTEMS)} (default: all)",
+    )
+    p.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated sections, of: {', '.join(SECTIONS)} (default: all)",
+    )
     p.add_argument(
         "--out",
         type=Path,
-        help="the Markdown file (docs/BENCHMARKS.md; --quick: a temporary directory)",
+        help="the Markdown file (docs/benchmarks/side-by-side.md; --quick: a temporary directory)",
     )
     args = p.parse_args(argv)
     args.argv = argv
+    if args.systems is None:
+        args.systems = ",".join(SHORT_SYSTEMS if args.short else ALL_SYSTEMS)
+    if args.only is None:
+        args.only = ",".join(SHORT_SECTIONS if args.short else SECTIONS)
+    args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
+    args.only = [x.strip() for x in args.only.split(",") if x.strip()]
+    for value, allowed, flag in (
+        (args.systems, ALL_SYSTEMS, "--systems"),
+        (args.only, SECTIONS, "--only"),
+    ):
+        bad = [v for v in value if v not in allowed]
+        if bad:
+            p.error(f"{flag}: unknown {bad}; choose from {', '.join(allowed)}")
     if args.out is None:
         if args.quick:
             args.out = Path(tempfile.mkdtemp(prefix="ekbatan-runall-quick-")) / "BENCHMARKS.md"
         else:
-            args.out = common.ROOT / "docs" / "BENCHMARKS.md"
+            args.out = DEFAULT_OUT
     began = time.monotonic()
     with contextlib.suppress(KeyboardInterrupt):
-        results = asyncio.run(run(args))
+        results = asyncio.run(run_with_mysql(args))
         results["total_seconds"] = round(time.monotonic() - began, 1)
-        write_outputs(results, args.out, args.out.parent / "benchmarks")
+        # docs/benchmarks/ holds both the page and its charts; elsewhere, a benchmarks/ beside it
+        assets = args.out.parent if args.out == DEFAULT_OUT else args.out.parent / "benchmarks"
+        write_outputs(results, args.out, assets)
+        print("\n" + summary_table(results), flush=True)
         failed = [k for k, v in results.items() if isinstance(v, dict) and "error" in v]
         print(f"total {results['total_seconds']} s; failed sections: {failed or 'none'}")
         return 1 if failed else 0

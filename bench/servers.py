@@ -112,11 +112,17 @@ class Bouncer:
 
 @contextlib.contextmanager
 def pgbouncer(
-    server_url: str, *, mode: str = "transaction", pool_size: int = 2
+    server_url: str,
+    *,
+    mode: str = "transaction",
+    pool_size: int = 2,
+    client_password: str | None = None,
 ) -> Iterator[Bouncer]:
     """pgbouncer in ``mode`` in front of the PostgreSQL server of ``server_url`` (every
     database of it, trust authentication, at most ``pool_size`` server connections per
-    database: far fewer than clients, so that clients share them)."""
+    database: far fewer than clients, so that clients share them). ``client_password``:
+    clients must log in with it (SCRAM), as the server's user; a wrong one is refused as a
+    server refuses it (SQLSTATE 28P01)."""
     if not have_pgbouncer():
         raise RuntimeError("pgbouncer is not installed: apt-get install pgbouncer")
     parsed = make_url(server_url)
@@ -133,13 +139,14 @@ def pgbouncer(
     _own(base, runs_as)
     port = _free_port()
     password = f" password={parsed.password}" if parsed.password else ""
-    (base / "users.txt").write_text(f'"{user}" ""\n')
+    (base / "users.txt").write_text(f'"{user}" "{client_password or ""}"\n')
+    auth_type = "scram-sha-256" if client_password else "trust"
     (base / "pgbouncer.ini").write_text(
         "[databases]\n"
         f"* = host={host} port={parsed.port or 5432} user={user}{password}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {base}/users.txt\n"
+        f"auth_type = {auth_type}\nauth_file = {base}/users.txt\n"
         f"pool_mode = {mode}\ndefault_pool_size = {pool_size}\nmin_pool_size = 0\n"
         "max_client_conn = 500\nserver_reset_query =\n"
         "ignore_startup_parameters = extra_float_digits\n"
@@ -184,21 +191,7 @@ class Node:
         )
 
     def psql(self, sql: str, database: str = "postgres") -> str:
-        return _run(
-            [
-                str(PG15_BIN / "psql"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                "-d",
-                database,
-                "-Atc",
-                sql,
-            ]
-        ).strip()
+        return psql(self.port, sql, database)
 
     def pids(self) -> list[int]:
         """The postmaster and every process it started (backends, walsender, ...)."""
@@ -334,3 +327,9 @@ def primary_and_replica(*, synchronous: bool = False) -> Iterator[Pair]:
             with contextlib.suppress(Exception):
                 node.pg_ctl("-m", "immediate", "-w", "-t", "30", "stop")
         shutil.rmtree(base, ignore_errors=True)
+
+
+def psql(port: int, sql: str, database: str = "postgres") -> str:
+    """``sql`` through PostgreSQL 15's psql on 127.0.0.1:``port`` as ``postgres`` (unaligned)."""
+    args = ["-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", database, "-Atc", sql]
+    return _run([str(PG15_BIN / "psql"), *args]).strip()

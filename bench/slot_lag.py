@@ -152,7 +152,13 @@ async def run_ours(
     cprofile_dir: Path | None = None,
     claim_ahead: float = 0.0,
     gc_freeze: bool = False,
+    record_missed_slots: bool = True,
+    checkin_url: str | None = None,
+    overlap: float = 0.0,
 ) -> LagRun:
+    """``record_missed_slots`` (the setting), ``checkin_url`` (a ``CheckIns`` observer pinging
+    it for every job) and ``overlap`` (each run lasts this many periods: slots pass while it
+    goes) are for bench/missed_cost.py."""
     async with common.fresh_schema(server.url, "ekbatan_lag") as db_url:
         deadline = time.monotonic() + warmup + duration + 300
 
@@ -166,6 +172,12 @@ async def run_ours(
                 cmd += ["--claim-ahead", repr(claim_ahead)]
             if gc_freeze:
                 cmd.append("--gc-freeze")
+            if not record_missed_slots:
+                cmd.append("--no-missed-slots")
+            if checkin_url is not None:
+                cmd += ["--checkin-url", checkin_url]
+            if overlap:
+                cmd += ["--overlap", repr(overlap)]
             if cprofile_dir is not None:
                 cprofile_dir.mkdir(parents=True, exist_ok=True)
                 cmd += ["--cprofile", str(cprofile_dir / f"slot-lag-worker-{index}.pstats")]
@@ -253,6 +265,23 @@ def format_table(runs: Sequence[LagRun]) -> str:
 # -- the worker -----------------------------------------------------------------------------
 
 
+def _settings(args: argparse.Namespace, traced: Any) -> Callable[[Any], None]:
+    """A lag worker's scheduler settings beyond the defaults, from its command line."""
+
+    def customize(b: Any) -> None:
+        b.observer(traced)
+        if args.claim_ahead:
+            b.claim_ahead(dt.timedelta(seconds=args.claim_ahead))
+        if args.no_missed_slots:
+            b.record_missed_slots(False)
+        if args.checkin_url:
+            from ekbatan_fastapi.checkin import CheckIns
+
+            b.observer(CheckIns({f"lag-{j}": args.checkin_url for j in range(args.jobs)}))
+
+    return customize
+
+
 async def _worker(args: argparse.Namespace) -> int:
     from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules
 
@@ -279,34 +308,31 @@ async def _worker(args: argparse.Namespace) -> int:
                     "version": ctx.version,
                 }
             )
+            if args.overlap:
+                await asyncio.sleep(args.overlap * args.period)
 
-    registry = common.worker_registry(
-        args.url,
-        [LagJob(f"lag-{j}") for j in range(args.jobs)],
-        name=f"lag-{args.index}-{os.getpid()}",
-        polling_interval=args.polling_interval,
-        customize=(
-            (lambda b: b.claim_ahead(dt.timedelta(seconds=args.claim_ahead)))
-            if args.claim_ahead
-            else None
-        ),
-    )
+    from ekbatan_fastapi import SchedulerObserver
+
     # Where a slot's lag goes: each poll's start and end (wall clock) and what it claimed, so
-    # that lag = (poll start - slot) + (poll) + (poll end - execute start). Through the
-    # store's probe; it changes nothing in the scheduler.
-    from ekbatan_fastapi.store.probe import StoreProbe, add_probe
-
+    # that lag = (poll start - slot) + (poll) + (poll end - execute start). Through an
+    # observer of the scheduler; it changes nothing in the scheduler.
     polls: dict[tuple[str, float], tuple[float, float]] = {}
 
-    class Traced(StoreProbe):
-        def polled(self, result: Any, started: float, seconds: float) -> None:
+    class Traced(SchedulerObserver):
+        def poll_answered(self, result: Any, started: float, seconds: float) -> None:
             for row in result.claimed:
                 polls[(row.task_name, row.execution_time.timestamp())] = (
                     started,
                     started + seconds,
                 )
 
-    add_probe(Traced())
+    registry = common.worker_registry(
+        args.url,
+        [LagJob(f"lag-{j}") for j in range(args.jobs)],
+        name=f"lag-{args.index}-{os.getpid()}",
+        polling_interval=args.polling_interval,
+        customize=_settings(args, Traced()),
+    )
     commands = common.stdin_commands()
     remaining = max(1.0, args.deadline - time.monotonic())
     profiler = None
@@ -363,6 +389,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--cprofile", help=argparse.SUPPRESS)
+    p.add_argument("--no-missed-slots", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--checkin-url", help=argparse.SUPPRESS)
+    p.add_argument("--overlap", type=float, default=0.0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 

@@ -113,6 +113,10 @@ class BenchOptions:
     """Complete each execution through ``ctx.transaction()`` (one transaction per execution
     with its completion and history), instead of the batched completion."""
     max_concurrency: int | None = None
+    record_missed_slots: bool = True
+    """The ``record_missed_slots`` setting (``--no-missed-slots``: off)."""
+    checkin_url: str | None = None
+    """Ping this URL per execution through a ``CheckIns`` observer (``/start`` and success)."""
     """Give the no-op job this cluster-wide concurrency limit (claimed under its lock)."""
     unknown_rows: int = 0
     """Rows of ten task names no worker knows (another service sharing the table), half due a
@@ -688,6 +692,10 @@ async def _spawn(
         args.append("--warm")
     if options.max_concurrency is not None:
         args += ["--max-concurrency", str(options.max_concurrency)]
+    if not options.record_missed_slots:
+        args.append("--no-missed-slots")
+    if options.checkin_url is not None:
+        args += ["--checkin-url", options.checkin_url]
     if options.pgbouncer == "transaction":
         args += ["--pooler", "pgbouncer-transaction"]
     if options.cprofile_dir is not None:
@@ -967,29 +975,34 @@ class _Stats:
         self.finish_seconds = 0.0
 
 
-def _instrument(stats: _Stats, batch_size: int) -> None:
-    """Count polls and completions, and time the last completion (through the store's
-    probe: it changes nothing in the scheduler)."""
-    from ekbatan_fastapi.store.probe import StoreProbe, add_probe
+def _instrument(stats: _Stats) -> Any:
+    """An observer that counts polls and completions, and times the last completion (it
+    changes nothing in the scheduler)."""
+    from ekbatan_fastapi import SchedulerObserver
 
-    class Timings(StoreProbe):
-        def polled(self, result: Any, started: float, seconds: float) -> None:
+    class Timings(SchedulerObserver):
+        batch_size = 0
+
+        def attached(self, scheduler: Any) -> None:
+            self.batch_size = scheduler.batch_size
+
+        def poll_answered(self, result: Any, started: float, seconds: float) -> None:
             stats.poll_seconds += seconds
             stats.polls += 1
             stats.claimed += len(result.claimed)
-            if len(result.claimed) >= batch_size:
+            if len(result.claimed) >= self.batch_size:
                 stats.full_polls += 1
             if result.claimed and stats.first_claim is None:
                 stats.first_claim = time.monotonic()
 
-        def finished(self, items: Any, recorded: Any, error: Any, seconds: float) -> None:
+        def results_written(self, items: Any, recorded: Any, error: Any, seconds: float) -> None:
             stats.finish_seconds += seconds
             stats.finish_calls += 1
             if recorded:
                 stats.recorded += len(recorded)
                 stats.last_finish = time.monotonic()
 
-    add_probe(Timings())
+    return Timings()
 
 
 def _read_stdin(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str]) -> None:
@@ -998,8 +1011,75 @@ def _read_stdin(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str]) -> N
     loop.call_soon_threadsafe(queue.put_nowait, "eof")
 
 
+def _customizer(args: argparse.Namespace) -> Any:
+    """The worker's scheduler settings, from its command line."""
+
+    def customize(b: Any) -> None:
+        b.polling_strategy(args.strategy)
+        b.scheduler_name(f"bench-{args.index}-{os.getpid()}")
+        if args.batch_size is not None:
+            b.batch_size(args.batch_size)
+        if args.polling_interval is not None:
+            b.polling_interval(dt.timedelta(seconds=args.polling_interval))
+        if args.no_history:
+            b.history(False)
+        if args.pooler:
+            b.pooler(args.pooler)
+        if args.no_missed_slots:
+            b.record_missed_slots(False)
+        if args.checkin_url:
+            from ekbatan_fastapi.checkin import CheckIns
+
+            b.observer(CheckIns({TASK_NAME: args.checkin_url}))
+
+    return customize
+
+
+async def _run_on_command(
+    args: argparse.Namespace,
+    registry: Any,
+    commands: asyncio.Queue[str],
+    stats: _Stats,
+    profiler: cProfile.Profile | None,
+    remaining: Any,
+) -> tuple[float, float, bool]:
+    """Wait for "go", run until "stop": (when it went, its CPU seconds, whether it timed out)."""
+    timed_out = False
+    try:
+        async with asyncio.timeout(remaining()):
+            command = await commands.get()
+    except TimeoutError:
+        command, timed_out = "timeout", True
+    go = time.monotonic()
+    cpu_at_go = time.process_time()
+    if command != "go":
+        return go, 0.0, timed_out
+    if args.warm:  # started first; the rows arrive after "started"
+        await registry.start()
+        await registry.wait_until_ready(remaining())
+        print("started", flush=True)
+        await commands.get()  # "run": the rows are committed
+        go, cpu_at_go = time.monotonic(), time.process_time()
+    if profiler is not None:
+        profiler.enable()
+    stats.started = time.monotonic()
+    if args.warm:
+        registry.scheduler.request_poll()  # as a NOTIFY of scheduled rows would
+    else:
+        await registry.start()
+    try:
+        async with asyncio.timeout(remaining()):
+            await commands.get()  # "stop" (or "eof" when the parent went away)
+    except TimeoutError:
+        timed_out = True
+    cpu_seconds = time.process_time() - cpu_at_go
+    if profiler is not None:
+        profiler.disable()
+    return go, cpu_seconds, timed_out
+
+
 async def _worker(args: argparse.Namespace) -> int:
-    from ekbatan_fastapi import ExecutionContext, OneTimeJob, SchedulerBuilder, job_registry
+    from ekbatan_fastapi import ExecutionContext, OneTimeJob, job_registry
 
     class NoopJob(OneTimeJob):
         """Does nothing but remember which instance it ran."""
@@ -1021,32 +1101,21 @@ async def _worker(args: argparse.Namespace) -> int:
                 stats.recorded += 1
                 stats.last_finish = time.monotonic()
 
-    def customize(b: SchedulerBuilder) -> None:
-        b.polling_strategy(args.strategy)
-        b.scheduler_name(f"bench-{args.index}-{os.getpid()}")
-        if args.batch_size is not None:
-            b.batch_size(args.batch_size)
-        if args.polling_interval is not None:
-            b.polling_interval(dt.timedelta(seconds=args.polling_interval))
-        if args.no_history:
-            b.history(False)
-        if args.pooler:
-            b.pooler(args.pooler)
-
     def remaining() -> float:
         return max(0.01, float(args.deadline) - time.monotonic())
 
     job = NoopJob()
+    stats = _Stats()
+    timings = _instrument(stats)
     registry = (
         job_registry()
         .connection_provider(args.url)
         .with_job(job)
         .shutdown_max_wait(dt.timedelta(seconds=5))
-        .customize_scheduler(customize)
+        .customize_scheduler(_customizer(args))
+        .customize_scheduler(lambda b: b.observer(timings))
         .build()
     )
-    stats = _Stats()
-    _instrument(stats, registry.scheduler.batch_size)
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue[str] = asyncio.Queue()
     threading.Thread(target=_read_stdin, args=(loop, commands), daemon=True).start()
@@ -1056,38 +1125,10 @@ async def _worker(args: argparse.Namespace) -> int:
         await c1.execute(text("SELECT 1"))
         await c2.execute(text("SELECT 1"))
     print("ready", flush=True)
-    timed_out = False
     profiler = cProfile.Profile() if args.cprofile else None
-    try:
-        async with asyncio.timeout(remaining()):
-            command = await commands.get()
-    except TimeoutError:
-        command, timed_out = "timeout", True
-    go = time.monotonic()
-    cpu_at_go = time.process_time()
-    cpu_seconds = 0.0
-    if command == "go":
-        if args.warm:  # started first; the rows arrive after "started"
-            await registry.start()
-            await registry.wait_until_ready(remaining())
-            print("started", flush=True)
-            await commands.get()  # "run": the rows are committed
-            go, cpu_at_go = time.monotonic(), time.process_time()
-        if profiler is not None:
-            profiler.enable()
-        stats.started = time.monotonic()
-        if args.warm:
-            registry.scheduler.request_poll()  # as a NOTIFY of scheduled rows would
-        else:
-            await registry.start()
-        try:
-            async with asyncio.timeout(remaining()):
-                await commands.get()  # "stop" (or "eof" when the parent went away)
-        except TimeoutError:
-            timed_out = True
-        cpu_seconds = time.process_time() - cpu_at_go
-        if profiler is not None:
-            profiler.disable()
+    go, cpu_seconds, timed_out = await _run_on_command(
+        args, registry, commands, stats, profiler, remaining
+    )
     status = registry.status()
     await registry.stop()
     if profiler is not None:
@@ -1168,6 +1209,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="workers connect through a private PgBouncer in this mode (PostgreSQL only)",
     )
     p.add_argument("--pooler", help=argparse.SUPPRESS)
+    p.add_argument("--no-missed-slots", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--checkin-url", help=argparse.SUPPRESS)
     p.add_argument(
         "--warm",
         action="store_true",

@@ -12,17 +12,21 @@ from typing import TYPE_CHECKING, Any
 
 from .client import SchedulerClient
 from .client.backfill import BackfillResult
+from .client.schedules import ScheduleInfo
 from .domain.catchup import CatchUp
 from .domain.clock import Clock, OffsetClock, SystemClock
 from .domain.codec import TaskDataError, TaskDataInvalid
 from .domain.context import ExecutionContext, HeartbeatState
 from .domain.errors import (
     ConfigurationError,
+    DatabaseLoginRefused,
     DatabaseTimeout,
     DatabaseUnavailable,
     EkbatanError,
+    ExecutionCancelled,
     ExecutionSuperseded,
     JobTimedOut,
+    NotRunningError,
     RunNotClaimedError,
     ScheduleError,
     SchemaMissingError,
@@ -34,19 +38,20 @@ from .domain.errors import (
 from .domain.failure import ExponentialBackoff, FailureHandler, MaxRetries, RetryLater
 from .domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, distributed_job
 from .domain.logs import TaskLogFilter
-from .domain.records import ExecutionRecord, InstanceInfo, Outcome, PauseInfo
-from .domain.rows import PollingStrategy
+from .domain.overlap import Overlap
+from .domain.persistent import PersistentScheduleJob
+from .domain.rows import ExecutionRecord, InstanceInfo, Outcome, PauseInfo, PollingStrategy
 from .domain.schedules import Jittered, Schedule, Schedules, parse_schedule
 from .domain.tasks import ScheduledTask
 from .domain.version import VERSION
 from .engine.config import SchedulerConfig
 from .engine.observer import ExecutionFinished, SchedulerObserver
-from .engine.scheduler import Scheduler
-from .engine.status import ExecutionStatus, SchedulerStatus
+from .engine.scheduler import ExecutionStatus, Scheduler, SchedulerStatus
 from .registry import JobRegistry, JobRegistryBuilder, SchedulerBuilder, job_registry
 from .store.connection import ConnectionProvider
 from .store.locks import try_cluster_lock
-from .store.tables import create_schema, metadata, scheduled_tasks
+from .store.migrate import create_schema
+from .store.tables import metadata, scheduled_tasks
 
 __version__ = VERSION
 
@@ -107,10 +112,12 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "Clock",
     "ConfigurationError",
     "ConnectionProvider",
+    "DatabaseLoginRefused",
     "DatabaseTimeout",
     "DatabaseUnavailable",
     "DistributedJob",
     "EkbatanError",
+    "ExecutionCancelled",
     "ExecutionContext",
     "ExecutionFinished",
     "ExecutionRecord",
@@ -128,13 +135,17 @@ __all__ = [  # noqa: RUF022 - the integration's names are listed last, after the
     "MaxRetries",
     "OffsetClock",
     "OneTimeJob",
+    "Overlap",
+    "PersistentScheduleJob",
     "Outcome",
     "PauseInfo",
     "PollingStrategy",
     "RetryLater",
+    "NotRunningError",
     "RunNotClaimedError",
     "Schedule",
     "ScheduleError",
+    "ScheduleInfo",
     "ScheduledTask",
     "Scheduler",
     "SchedulerBuilder",

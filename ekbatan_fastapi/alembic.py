@@ -24,10 +24,12 @@ from typing import Any, Literal, Protocol
 
 from .store.migrate import MIGRATIONS_TABLE
 from .store.tables import (
+    CANCEL_REQUESTS,
     DEFAULT_TABLE_NAME,
     HISTORY,
     INSTANCES,
     JOBS,
+    MISSED_STREAKS,
     PAUSED,
     TRACE_CONTEXT,
     UTCDateTime,
@@ -70,7 +72,17 @@ def ekbatan_table_names(table_name: str = DEFAULT_TABLE_NAME) -> frozenset[str]:
     """The tables ``ekbatan-jobs migrate`` creates and owns: db-scheduler's (under
     ``table_name``, without its schema), Ekbatan's own, and its record of the migrations."""
     name = validate_table_name(table_name).rpartition(".")[2]
-    return frozenset({name, HISTORY, PAUSED, INSTANCES, JOBS, TRACE_CONTEXT, MIGRATIONS_TABLE})
+    ours = {
+        HISTORY,
+        PAUSED,
+        INSTANCES,
+        JOBS,
+        TRACE_CONTEXT,
+        CANCEL_REQUESTS,
+        MISSED_STREAKS,
+        MIGRATIONS_TABLE,
+    }
+    return frozenset({name, *ours})
 
 
 def excluding_ekbatan(

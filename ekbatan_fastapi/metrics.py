@@ -14,12 +14,17 @@ With the FastAPI integration, ``ekbatan.jobs.metrics: true`` does the registerin
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .client.read_model import running_here
 from .domain.errors import ConfigurationError
-from .domain.records import Outcome
+from .domain.rows import Outcome
+from .domain.schedule import Schedule
 from .engine.observer import ExecutionFinished, SchedulerObserver
 
 if TYPE_CHECKING:
@@ -28,13 +33,42 @@ if TYPE_CHECKING:
 
     from .engine.scheduler import Scheduler
 
-__all__ = ["DURATION_BUCKETS", "LAG_BUCKETS", "POLL_BUCKETS", "EkbatanMetrics"]
+__all__ = [
+    "ALERT_RULES",
+    "DURATION_BUCKETS",
+    "LAG_BUCKETS",
+    "POLL_BUCKETS",
+    "EkbatanMetrics",
+    "longest_gap",
+]
 
 _SECONDS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 DURATION_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, *_SECONDS)
 LAG_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, *_SECONDS)
 POLL_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 POLL_BUCKETS += (1.0, 2.5, 5.0, 10.0)
+
+
+_GAPS = 10
+
+
+def longest_gap(schedule: Schedule, now: datetime) -> float | None:
+    """Seconds of the longest gap between consecutive slots among ``schedule``'s next few
+    from ``now`` (a weekday cron's weekend counts); None for a disabled schedule."""
+    if schedule.is_disabled:
+        return None
+    slot = schedule.initial_execution_time(now)
+    longest = 0.0
+    for _ in range(_GAPS):
+        following = schedule.next_execution_time(slot, slot)
+        longest = max(longest, (following - slot).total_seconds())
+        slot = following
+    return longest
+
+
+ALERT_RULES = Path(__file__).parent / "prometheus" / "ekbatan-alerts.yml"
+"""Prometheus alerting rules for these metrics (docs/alerts.md): copy it next to your
+Prometheus configuration and list it under ``rule_files``."""
 
 
 def _prometheus() -> Any:
@@ -61,18 +95,39 @@ class EkbatanMetrics(SchedulerObserver):
       on the database clock, observed when the execution starts (histogram);
     * ``ekbatan_last_success_timestamp_seconds{task}``: when the last success seen by this
       instance finished (Unix time);
+    * ``ekbatan_last_failure_timestamp_seconds{task}``: when the last failure (or timeout) seen
+      by this instance finished (Unix time);
     * ``ekbatan_consecutive_failures{task}``: the row's ``consecutive_failures`` as this
       instance last wrote it (0 after a success; a failure adds one to the count the row had,
       which other instances may have raised): the table's value, from this instance's writes;
+    * ``ekbatan_consecutive_missed_slots{task}``: slots in a row that passed without a run
+      since the task's last run, as this instance last counted them (merged by
+      ``CatchUp.latest``, skipped by its catch-up policy, due while a run was going); 0 again
+      when a slot of it runs here;
+    * ``ekbatan_missed_slots_timestamp_seconds{task}``: when this instance last counted
+      missed slots of the task (Unix time): a success or failure recorded later, on any
+      instance, means a slot ran since (the alert rule compares them);
+    * ``ekbatan_missed_slots_total{task,reason}``: slots named as missed (``slot_missed``;
+      ``record_missed_slots``), by reason: ``coalesced``, ``overlap``, ``catch_up`` (at most
+      100 per completion: ``ekbatan_slots_total`` has every count);
     * ``ekbatan_heartbeat_failures_total{task}``, ``ekbatan_dead_executions_revived_total{task}``;
+    * ``ekbatan_job_paused_by_failure{task}``: 1 once this instance paused the task after its
+      failures (``pause_after_failures()``), 0 again at its next success recorded here;
     * ``ekbatan_running_executions{task}``: executions running on this instance (read at
       scrape time); ``sum`` over the instances against ``ekbatan_job_max_concurrency{task}``
       (its limit) shows how many run out of the limit;
-    * ``ekbatan_job_timeout_seconds{task}``: a job's timeout, where it has one.
+    * ``ekbatan_job_timeout_seconds{task}``: a job's timeout, where it has one;
+    * ``ekbatan_schedules{task,state}``: a ``PersistentScheduleJob``'s schedules by state,
+      cluster-wide (read from the table when ``/metrics`` is scraped);
+    * ``ekbatan_job_interval_seconds{task}``: a recurring job's longest gap between two of its
+      next slots (the window of the alert rule "did not succeed", ``ALERT_RULES``).
 
     Per scheduler: ``ekbatan_poll_duration_seconds`` (histogram of poll statements),
-    ``ekbatan_claimed_executions_total`` (rows claimed by polls) and
-    ``ekbatan_database_errors_total{operation}``.
+    ``ekbatan_claimed_executions_total`` (rows claimed by polls),
+    ``ekbatan_database_errors_total{operation}`` and ``ekbatan_write_conflicts_total``
+    (MySQL/MariaDB transactions run again after error 1213: an InnoDB deadlock, or on a
+    multi-primary Galera cluster a certification conflict reported at ``COMMIT``; retried
+    at once, never counted as database errors).
 
     Timestamps and gauges describe what this instance saw: across a cluster, aggregate with
     ``max`` (last success, consecutive failures) or ``sum`` (counters, running).
@@ -96,9 +151,14 @@ class EkbatanMetrics(SchedulerObserver):
         self._define_limit_metrics()
         self._schedulers: list[weakref.ref[Scheduler]] = []
         self.registry.register(_RunningCollector(self._running))
+        self.registry.register(_ConflictsCollector(self._conflicts))
         # labels() takes a lock and builds a key: cache the children for the hot path
         self._outcome_children: dict[tuple[str, str], Any] = {}
         self._task_children: dict[str, tuple[Any, Any]] = {}
+        self._paused_here: set[str] = set()
+        self._missing_here: set[str] = set()
+        """Tasks whose gauge of consecutive missed slots this instance set above 0."""
+        """Tasks this instance paused after their failures (their gauge is 1)."""
 
     def _metric(
         self, kind: Any, name: str, documentation: str, labels: Sequence[str], **options: Any
@@ -136,10 +196,44 @@ class EkbatanMetrics(SchedulerObserver):
             "When the last successful execution seen by this instance finished (Unix time).",
             task,
         )
+        self.last_failure = metric(
+            prom.Gauge,
+            "ekbatan_last_failure_timestamp_seconds",
+            "When the last failed or timed-out execution seen by this instance finished "
+            "(Unix time).",
+            task,
+        )
         self.consecutive_failures = metric(
             prom.Gauge,
             "ekbatan_consecutive_failures",
             "The row's consecutive_failures as this instance last recorded it.",
+            task,
+        )
+        self.consecutive_missed = metric(
+            prom.Gauge,
+            "ekbatan_consecutive_missed_slots",
+            "Slots in a row that passed without a run since the task's last run, as this "
+            "instance last counted them; 0 when a slot runs here.",
+            task,
+        )
+        self.missed_at = metric(
+            prom.Gauge,
+            "ekbatan_missed_slots_timestamp_seconds",
+            "When this instance last counted missed slots of the task (Unix time).",
+            task,
+        )
+        self.missed_slots = metric(
+            prom.Counter,
+            "ekbatan_missed_slots",
+            "Slots named as missed (slot_missed; at most 100 per completion), by reason: "
+            "coalesced, overlap, catch_up.",
+            ("task", "reason"),
+        )
+        self.paused_by_failure = metric(
+            prom.Gauge,
+            "ekbatan_job_paused_by_failure",
+            "1 once this instance paused the task after its failures (pause_after_failures); "
+            "back to 0 at the task's next success recorded here.",
             task,
         )
         self.heartbeat_failures = metric(
@@ -174,6 +268,20 @@ class EkbatanMetrics(SchedulerObserver):
             prom.Gauge,
             "ekbatan_job_max_concurrency",
             "A job's cluster-wide concurrency limit (per key where it has one).",
+            ("task",),
+        )
+        self.schedules = metric(
+            prom.Gauge,
+            "ekbatan_schedules",
+            "A PersistentScheduleJob's schedules by state (scheduled, running, paused, "
+            "parked), cluster-wide: read from the table when /metrics is scraped.",
+            ("task", "state"),
+        )
+        self.job_interval = metric(
+            prom.Gauge,
+            "ekbatan_job_interval_seconds",
+            "A recurring job's longest gap between two consecutive slots of its next "
+            f"{_GAPS + 1} (the alert rules' window; disabled schedules have no series).",
             ("task",),
         )
 
@@ -219,20 +327,32 @@ class EkbatanMetrics(SchedulerObserver):
                 self.job_timeout.labels(name).set(limits.timeout.total_seconds())
             if limits.max_concurrency is not None:
                 self.job_max_concurrency.labels(name).set(limits.max_concurrency)
+        now = scheduler.db_time()
+        for name, schedule in scheduler.schedules.items():
+            gap = longest_gap(schedule, now)
+            if gap is not None:
+                self.job_interval.labels(name).set(gap)
 
     def _running(self) -> dict[str, int]:
-        """Running executions per task (0 for every job of an attached scheduler)."""
+        """Running executions per task (0 for every job of an attached scheduler), counted as
+        ``/jobs`` counts them (``client/read_model.py``)."""
         counts: dict[str, int] = {}
         for ref in self._schedulers:
             scheduler = ref()
             if scheduler is None:
                 continue
-            for name in scheduler.jobs:
-                counts.setdefault(name, 0)
-            for execution in list(scheduler.running.values()):
-                task = execution.row.task_name
-                counts[task] = counts.get(task, 0) + 1
+            for name, count in running_here(scheduler).items():
+                counts[name] = counts.get(name, 0) + count
         return counts
+
+    def _conflicts(self) -> int:
+        """Write conflicts retried by the attached schedulers' stores."""
+        total = 0
+        for ref in self._schedulers:
+            scheduler = ref()
+            if scheduler is not None:
+                total += scheduler.store.db.write_conflicts
+        return total
 
     def _task(self, task: str) -> tuple[Any, Any]:
         children = self._task_children.get(task)
@@ -254,8 +374,23 @@ class EkbatanMetrics(SchedulerObserver):
         self._task(task)[0].observe(event.duration)
         if event.outcome is Outcome.SUCCEEDED:
             self.last_success.labels(task).set(event.finished_at.timestamp())
+            if task in self._paused_here:
+                self._paused_here.discard(task)
+                self.paused_by_failure.labels(task).set(0)
+        elif event.outcome in (Outcome.FAILED, Outcome.TIMED_OUT):
+            self.last_failure.labels(task).set(event.finished_at.timestamp())
         if event.consecutive_failures is not None:
             self.consecutive_failures.labels(task).set(event.consecutive_failures)
+            if task in self._missing_here:  # a slot ran: the streak is over
+                self._missing_here.discard(task)
+                self.consecutive_missed.labels(task).set(0)
+
+    def schedules_counted(self, counts: dict[str, dict[str, int]]) -> None:
+        """The schedules of each ``PersistentScheduleJob`` by state (every state of each
+        job gets a value: 0 where it has none)."""
+        for task, by_state in counts.items():
+            for state in ("scheduled", "running", "paused", "parked"):
+                self.schedules.labels(task, state).set(by_state.get(state, 0))
 
     def polled(self, duration: float, claimed: int) -> None:
         self.poll_duration.observe(duration)
@@ -274,6 +409,18 @@ class EkbatanMetrics(SchedulerObserver):
         for decision, count in (("missed", missed), ("caught_up", caught_up), ("skipped", skipped)):
             if count:
                 self.slots.labels(task_name, decision).inc(count)
+
+    def slot_missed(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
+        self.missed_slots.labels(task_name, reason).inc()
+
+    def missed_streak(self, task_name: str, task_instance: str, consecutive: int) -> None:
+        self._missing_here.add(task_name)
+        self.consecutive_missed.labels(task_name).set(consecutive)
+        self.missed_at.labels(task_name).set(time.time())
+
+    def job_paused(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
+        self._paused_here.add(task_name)
+        self.paused_by_failure.labels(task_name).set(1)
 
     def database_error(self, operation: str, error: BaseException) -> None:
         self.database_errors.labels(operation).inc()
@@ -300,3 +447,24 @@ class _RunningCollector:
         for task, count in sorted(self._counts().items()):
             family.add_metric([task], count)
         yield family
+
+
+class _ConflictsCollector:
+    """``ekbatan_write_conflicts_total``, read from the stores at scrape time."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+        from prometheus_client.core import CounterMetricFamily
+
+        self._family = CounterMetricFamily
+
+    def describe(self) -> list[Metric]:
+        return [self._family("ekbatan_write_conflicts", "")]
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._family(
+            "ekbatan_write_conflicts",
+            "Transactions run again after a write conflict (MySQL/MariaDB error 1213: a "
+            "deadlock, or a Galera certification conflict).",
+            value=self._count(),
+        )

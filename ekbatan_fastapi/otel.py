@@ -27,12 +27,13 @@ import asyncio
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .domain.errors import ConfigurationError
 from .domain.logs import library_logger
-from .domain.records import Outcome
+from .domain.rows import Outcome
 from .domain.version import VERSION
 from .engine.observer import ExecutionFinished, ExecutionStarted, SchedulerObserver
 from .store.traces import TraceStore
@@ -199,6 +200,25 @@ class EkbatanTracing(SchedulerObserver):
         span.end()
         if event.deleted and opened.linked:
             self._forget_context(event.task_name, event.task_instance)
+
+    def slot_missed(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
+        """A slot that passed without a run: a span of no duration of its own (a trace of its
+        own), ``missed {task}``, with the slot and the reason."""
+        attributes = {
+            "ekbatan.task_name": task_name,
+            "ekbatan.task_instance": task_instance,
+            "ekbatan.slot": slot.isoformat(),
+            "ekbatan.reason": reason,
+            "ekbatan.outcome": "missed",
+            "ekbatan.scheduler": self._scheduler,
+        }
+        span = self._tracer.start_span(
+            f"missed {task_name}",
+            context=self._context.Context(),
+            kind=self._trace.SpanKind.INTERNAL,
+            attributes=attributes,
+        )
+        span.end()
 
     def _forget_context(self, task_name: str, task_instance: str) -> None:
         """The task is done: delete its stored context (in the background; what fails here

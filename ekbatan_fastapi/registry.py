@@ -12,21 +12,20 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .client import SchedulerClient
 from .domain.catchup import CatchUp
-from .domain.clock import Clock
-from .domain.errors import ConfigurationError
+from .domain.errors import ConfigurationError, ScheduleError
 from .domain.job import DistributedJob, Job, OneTimeJob
 from .domain.limits import JobOverride, check_overrides, resolve_limits
 from .domain.logs import library_logger
+from .domain.overlap import checked_overlap
+from .domain.persistent import PersistentScheduleJob
 from .domain.schedules import Schedule
 from .domain.text import MAX_NAME_LENGTH, is_valid_name
-from .engine.config import SchedulerConfig
+from .engine.config import SchedulerConfig, closest, settings_of
 from .engine.observer import SchedulerObserver
-from .engine.scheduler import Scheduler
-from .engine.status import SchedulerStatus
+from .engine.scheduler import Scheduler, SchedulerStatus
 from .store.connection import DEFAULT_POOL_SIZE, ConnectionProvider, resolve_connection
-from .store.dialects import Dialect, Store, open_store
-from .store.options import DEFAULT_IDLE_TRANSACTION_TIMEOUT, TRANSACTION_POOLING, validate_pooler
-from .store.tables import DEFAULT_TABLE_NAME, validate_table_name
+from .store.dialects import Store, open_store
+from .store.options import TRANSACTION_POOLING
 
 __all__ = ["JobRegistry", "JobRegistryBuilder", "SchedulerBuilder", "job_registry"]
 
@@ -36,82 +35,40 @@ ConnectionSource = str | URL | AsyncEngine | ConnectionProvider
 
 
 class SchedulerBuilder:
-    """Every scheduler setting; ``customize_scheduler`` receives one and may change anything."""
+    """Every setting of ``SchedulerConfig`` by its name: ``b.polling_interval(value)``,
+    ``b.claim_ahead(value)``, ... (docs/fastapi.md lists them), or several at once with
+    ``b.set(polling_interval=..., batch_size=...)``. ``customize_scheduler`` receives one and
+    may change anything; ``build()`` checks every value by its setting's rule."""
 
     def __init__(self) -> None:
         self.config = SchedulerConfig()
-        self._dialect: str | Dialect | None = None
-        self._table_name = DEFAULT_TABLE_NAME
-        self._statement_timeout: timedelta | None = timedelta(seconds=30)
-        self._pooler = "none"
-        self._idle_transaction_timeout: timedelta | None = timedelta(
-            seconds=DEFAULT_IDLE_TRANSACTION_TIMEOUT
-        )
 
-    def polling_interval(self, value: timedelta) -> SchedulerBuilder:
-        self.config.polling_interval = value
+    def set(self, **values: Any) -> SchedulerBuilder:
+        """Settings by their ``SchedulerConfig`` names; an unknown name is an error naming
+        the nearest one."""
+        for name, value in values.items():
+            if name not in _SETTINGS:
+                raise ConfigurationError(_not_a_setting(name))
+            setattr(self.config, name, value)
         return self
 
-    def heartbeat_interval(self, value: timedelta) -> SchedulerBuilder:
-        self.config.heartbeat_interval = value
-        return self
+    def __getattr__(self, name: str) -> Callable[[Any], SchedulerBuilder]:
+        """``b.<setting>(value)`` for every setting the scheduler reads."""
+        setting = _SETTINGS.get(name)
+        if setting is None or not setting.builder:
+            raise AttributeError(_not_a_setting(name))
+        return lambda value: self.set(**{name: value})
 
-    def shutdown_max_wait(self, value: timedelta) -> SchedulerBuilder:
-        self.config.shutdown_max_wait = value
-        return self
+    def __dir__(self) -> list[str]:
+        builder = [name for name, setting in _SETTINGS.items() if setting.builder]
+        return sorted({*super().__dir__(), *builder})
 
-    def shutdown_results_wait(self, value: timedelta) -> SchedulerBuilder:
-        """How long a stop waits for the database to record the last results (default 5 s);
-        what is left unrecorded is revived after the dead window."""
-        self.config.shutdown_results_wait = value
-        return self
-
-    def missed_heartbeats_limit(self, value: int) -> SchedulerBuilder:
-        self.config.missed_heartbeats_limit = value
-        return self
-
-    def delete_unresolved_after(self, value: timedelta) -> SchedulerBuilder:
-        self.config.delete_unresolved_after = value
-        return self
-
-    def polling_strategy(self, value: str) -> SchedulerBuilder:
-        """``"lock-and-fetch"`` (FOR UPDATE SKIP LOCKED) or ``"fetch"`` (optimistic)."""
-        self.config.polling_strategy = value
-        return self
-
-    def batch_size(self, value: int) -> SchedulerBuilder:
-        self.config.batch_size = value
-        return self
-
-    def scheduler_name(self, value: str) -> SchedulerBuilder:
-        self.config.scheduler_name = value
-        return self
-
-    def history(self, value: bool) -> SchedulerBuilder:
-        """Record each execution in the history table (default True)."""
-        self.config.history = value
-        return self
-
-    def history_retention(self, value: timedelta) -> SchedulerBuilder:
-        """How long history records are kept (default 7 days)."""
-        self.config.history_retention = value
-        return self
-
-    def listen(self, value: bool) -> SchedulerBuilder:
-        """Use LISTEN/NOTIFY for newly scheduled work where supported (default True)."""
-        self.config.listen = value
-        return self
-
-    def clock(self, value: Clock) -> SchedulerBuilder:
-        self.config.clock = value
-        return self
+    def pooler(self, value: str | None) -> SchedulerBuilder:
+        """``"none"`` (also for None), ``"pgbouncer-session"`` or ``"pgbouncer-transaction"``."""
+        return self.set(pooler="none" if value is None else value)
 
     def observer(self, value: SchedulerObserver) -> SchedulerBuilder:
         """Add an observer of the scheduler's events (e.g. ``ekbatan_fastapi.metrics``)."""
-        if not isinstance(value, SchedulerObserver):
-            raise ConfigurationError(
-                f"observer must be a SchedulerObserver (ekbatan_fastapi.observer), got {value!r}"
-            )
         self.config.observers.append(value)
         return self
 
@@ -127,56 +84,21 @@ class SchedulerBuilder:
         self.config.job_overrides[name] = JobOverride(timeout, max_concurrency)
         return self
 
-    def app_version(self, value: str | None) -> SchedulerBuilder:
-        """The application's version (e.g. ``"2026.12.1"``), written with the job definitions:
-        during a rolling deploy an older version never changes what a newer one wrote."""
-        self.config.app_version = value
-        return self
 
-    def timeout_grace(self, value: timedelta) -> SchedulerBuilder:
-        """How long a timed-out async execution may clean up after its cancellation before
-        it is abandoned (default: one heartbeat interval)."""
-        self.config.timeout_grace = value
-        return self
+_SETTINGS = {setting.name: setting for setting in settings_of()}
 
-    def claim_ahead(self, value: timedelta) -> SchedulerBuilder:
-        """Claim rows that come due within ``value`` and start each at its own time (default
-        0): for many jobs due in the same second (docs/schedules.md)."""
-        self.config.claim_ahead = value
-        return self
 
-    def statement_timeout(self, value: timedelta | None) -> SchedulerBuilder:
-        """How long one database statement may take (default 30 s; None: unbounded). A
-        connection that died without a reset never answers; past this bound it is discarded
-        and the statement retried on a new one, instead of the loop waiting forever."""
-        self._statement_timeout = value
-        return self
-
-    def pooler(self, value: str | None) -> SchedulerBuilder:
-        """What sits between the scheduler and PostgreSQL: ``"none"`` (default; also right for
-        PgBouncer's session mode) or ``"pgbouncer-transaction"``: the pool built from the URL
-        then keeps no prepared statement past its statement, and LISTEN is off (polling and
-        due-time wake-ups go on). See docs/deployment.md."""
-        self._pooler = validate_pooler(value)
-        return self
-
-    def idle_transaction_timeout(self, value: timedelta | None) -> SchedulerBuilder:
-        """MySQL/MariaDB (default 10 s): the library's sessions wait at most this long for a
-        row lock, and on MariaDB the server ends a transaction of theirs left idle this long
-        (orphaned by a partition) so that its locks cannot stall the cluster. None: leave the
-        server's session settings alone."""
-        self._idle_transaction_timeout = value
-        return self
-
-    def dialect(self, value: str | Dialect) -> SchedulerBuilder:
-        """Override the dialect read from the URL (e.g. ``"mysql5"`` for MySQL before 8), by
-        name or as a ``Dialect`` (see ``ekbatan_fastapi.store.dialects``)."""
-        self._dialect = value
-        return self
-
-    def table_name(self, value: str) -> SchedulerBuilder:
-        self._table_name = value
-        return self
+def _not_a_setting(name: str) -> str:
+    setting = _SETTINGS.get(name)
+    if setting is not None:
+        return (
+            f"{name} is read by the FastAPI integration from ekbatan.jobs.{setting.key} "
+            f"({setting.environment}), not by the scheduler's builder"
+        )
+    known = [s.name for s in _SETTINGS.values() if s.builder]
+    nearest = closest(name, known)
+    guess = f"did you mean {nearest}? " if nearest is not None else ""
+    return f"the scheduler has no setting {name!r}; {guess}its settings are {', '.join(known)}"
 
 
 class JobRegistryBuilder:
@@ -230,13 +152,6 @@ class JobRegistryBuilder:
         for fn in self._customizers:
             fn(self._scheduler)
         config = self._scheduler.config
-        for name in ("polling_interval", "heartbeat_interval", "shutdown_max_wait"):
-            value = getattr(config, name)
-            if not isinstance(value, timedelta):
-                raise ConfigurationError(
-                    f"{name} must be a datetime.timedelta, got {type(value).__name__} {value!r}; "
-                    "e.g. timedelta(seconds=10)"
-                )
         config.validate()
         jobs = _validate_jobs(self._jobs)
         by_name = {job.name(): job for job in jobs}
@@ -248,15 +163,10 @@ class JobRegistryBuilder:
                 "no database configured: call .connection_provider('postgresql+asyncpg://...') "
                 "with a URL, an AsyncEngine or a ConnectionProvider"
             )
-        provider = self._provider()
-        table_name = validate_table_name(self._scheduler._table_name)
-        timeout = self._scheduler._statement_timeout
-        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
-            raise ConfigurationError(
-                f"statement_timeout must be a positive timedelta or None, got {timeout!r}"
-            )
-        if self._scheduler._pooler == TRANSACTION_POOLING and config.listen:
+        provider = self._provider(config)
+        if config.pooler == TRANSACTION_POOLING and config.listen:
             config.listen = False  # LISTEN would hold a shared server connection, deaf
+        _choose_liveness(config, _pool_size(provider))
         if config.listen and _pool_size(provider) == 1:
             # LISTEN holds its connection for good: the only one would be gone for the polls
             config.listen = False
@@ -264,31 +174,26 @@ class JobRegistryBuilder:
                 "pool_size=1: no LISTEN (it would hold the only connection); new work is "
                 "found by the polls, within one polling interval"
             )
+        timeout = config.statement_timeout
         store = open_store(
             provider.engine,
-            self._scheduler._dialect or provider.dialect,
-            table_name,
+            config.dialect or provider.dialect,
+            config.table_name,
             statement_timeout=timeout.total_seconds() if timeout is not None else None,
         )
         return JobRegistry(provider, store, jobs, config)
 
-    def _provider(self) -> ConnectionProvider:
+    def _provider(self, config: SchedulerConfig) -> ConnectionProvider:
         """The pool: built now from a URL with the pooler and session settings."""
-        scheduler = self._scheduler
-        bound = scheduler._idle_transaction_timeout
-        if bound is not None and (not isinstance(bound, timedelta) or bound < timedelta(0)):
-            raise ConfigurationError(
-                f"idle_transaction_timeout must be a timedelta (zero or None: leave the server's "
-                f"settings), got {bound!r}"
-            )
+        bound = config.idle_transaction_timeout
         assert self._connection is not None
         provider = resolve_connection(
             self._connection,
             pool_size=self._pool_size,
-            pooler=scheduler._pooler,
+            pooler=config.pooler,
             idle_transaction_timeout=bound.total_seconds() if bound else None,
         )
-        if provider.options is None and scheduler._pooler == TRANSACTION_POOLING:
+        if provider.options is None and config.pooler == TRANSACTION_POOLING:
             log.warning(
                 "pooler=%s with an engine the application built: the scheduler sends no "
                 "LISTEN and takes no session lock, but the engine's prepared statements are "
@@ -297,6 +202,29 @@ class JobRegistryBuilder:
                 TRANSACTION_POOLING,
             )
         return provider
+
+
+def _choose_liveness(config: SchedulerConfig, pool_size: int | None) -> None:
+    """``liveness_lock``: where sessions are not stable, or the instance is to hold one
+    connection only (``pool_size=1``; the lock's connection is held outside the pool), ``auto``
+    is off and ``on`` refused."""
+    mode = config.liveness_lock
+    if mode == "off":
+        return
+    reason = None
+    if config.pooler == TRANSACTION_POOLING:
+        reason = f"pooler={TRANSACTION_POOLING} shares server sessions between clients"
+    elif pool_size == 1:
+        reason = "pool_size=1 asks for one connection per instance (the lock needs its own)"
+    if reason is None:
+        return
+    if mode == "on":
+        raise ConfigurationError(
+            f"liveness_lock is on, but {reason}: set liveness_lock to auto or off (peers then "
+            "revive this instance's executions after the dead window)"
+        )
+    config.liveness_lock = "off"
+    log.info("no liveness lock: %s; dead executions wait for the dead window", reason)
 
 
 def _pool_size(provider: ConnectionProvider) -> int | None:
@@ -325,7 +253,7 @@ def _validate_jobs(jobs: list[Job]) -> list[Job]:
         if not is_valid_name(name):
             raise ConfigurationError(
                 f"{kind}.name() must return 1 to {MAX_NAME_LENGTH} characters (no NUL, no lone "
-                f"surrogate), got {name!r}"
+                f"surrogate), not blank, not '.' or '..', got {name!r}"
             )
         if name in seen:
             raise ConfigurationError(
@@ -334,12 +262,17 @@ def _validate_jobs(jobs: list[Job]) -> list[Job]:
             )
         if isinstance(job, DistributedJob):
             _check_recurring(job, kind)
+        elif isinstance(job, PersistentScheduleJob):
+            checked_overlap(job.overlap(), kind)
         seen[name] = job
     return list(seen.values())
 
 
 def _check_recurring(job: DistributedJob, kind: str) -> None:
-    schedule = job.schedule()
+    try:
+        schedule = job.schedule()
+    except ScheduleError as error:  # a bad cron, zone or duration: say whose
+        raise ScheduleError(f"job {job.name()!r} ({kind}.schedule()): {error}") from None
     if not isinstance(schedule, Schedule):
         raise ConfigurationError(
             f"{kind}.schedule() must return a Schedule (see Schedules), got {schedule!r}"
@@ -350,6 +283,7 @@ def _check_recurring(job: DistributedJob, kind: str) -> None:
             f"{kind}.catch_up() must return CatchUp.latest(), CatchUp.all(max_slots) or "
             f"CatchUp.skip(grace), got {catch_up!r}"
         )
+    checked_overlap(job.overlap(), kind)
 
 
 def job_registry() -> JobRegistryBuilder:

@@ -13,9 +13,11 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from ekbatan_fastapi import SchedulerBuilder
 from ekbatan_fastapi.domain.errors import ConfigurationError
 from ekbatan_fastapi.settings import EkbatanSettings
 
@@ -46,7 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    customize: Callable[[SchedulerBuilder], object] | None = None,
+) -> int:
+    """Serve the example app; ``customize`` goes to ``create_app`` (the chaos harness adds
+    its ledger observer with it: ``tests/chaos/app.py``)."""
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         uvicorn.run(
-            create_app(scheduler_name=name),
+            create_app(scheduler_name=name, customize=customize),
             host=args.host,
             port=args.port,
             log_level=args.log_level,

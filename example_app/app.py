@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Mapping
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -14,16 +15,19 @@ from fastapi.security import APIKeyHeader, HTTPBasic, HTTPBasicCredentials
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ekbatan_fastapi import ConnectionProvider, create_schema
+from ekbatan_fastapi import ConnectionProvider, SchedulerBuilder, SchedulerClient, create_schema
 from ekbatan_fastapi.settings import EkbatanSettings
 from ekbatan_fastapi.web import (
     EkbatanState,
     create_ekbatan_lifespan,
     create_jobs_router,
     get_ekbatan,
+    get_scheduler_client,
+    install_exception_handlers,
 )
 
 from .config import ExampleSettings, get_example_settings
+from .jobs import Note
 from .services import DemoLedger, app_database_url, demo_metadata
 
 log = logging.getLogger(__name__)
@@ -109,15 +113,29 @@ def require_admin(
     )
 
 
-def create_app(*, scheduler_name: str | None = None) -> FastAPI:
-    """The example app; ``scheduler_name`` names this instance in ``picked_by`` and logs."""
+def create_app(
+    *,
+    scheduler_name: str | None = None,
+    customize: Callable[[SchedulerBuilder], object] | None = None,
+) -> FastAPI:
+    """The example app; ``scheduler_name`` names this instance in ``picked_by`` and logs,
+    ``customize`` is applied to the scheduler's builder after that (e.g. an observer)."""
+
+    def configure(b: SchedulerBuilder) -> None:
+        if scheduler_name:
+            b.scheduler_name(scheduler_name)
+        if customize is not None:
+            customize(b)
+
     lifespan = create_ekbatan_lifespan(
         modules=["example_app.jobs"],
         app_lifespan=app_resources,
-        customize=(lambda b: b.scheduler_name(scheduler_name)) if scheduler_name else None,
+        customize=configure,
     )
     app = FastAPI(title="ekbatan-fastapi example", lifespan=lifespan)
     app.include_router(create_jobs_router(admin_dependency=require_admin))
+    # A route's DatabaseUnavailable / SchemaMissingError: 503 with a JSON body, not a 500.
+    install_exception_handlers(app)
 
     @app.get("/")
     async def index(state: Annotated[EkbatanState, Depends(get_ekbatan)]) -> dict[str, Any]:
@@ -131,6 +149,16 @@ def create_app(*, scheduler_name: str | None = None) -> FastAPI:
                 "API docs": "/docs",
             },
         }
+
+    @app.post("/demo/notes", status_code=202)
+    async def add_note(
+        note: Note, client: Annotated[SchedulerClient, Depends(get_scheduler_client)]
+    ) -> dict[str, str]:
+        """Schedule the one-time ``demo-note`` job (one run, on one instance). With the
+        database down or its tables missing this answers 503, not 500."""
+        instance = uuid.uuid4().hex
+        await client.schedule("demo-note", instance, data=note)
+        return {"scheduled": instance}
 
     @app.get("/demo/runs")
     async def demo_runs(

@@ -7,8 +7,16 @@ from datetime import time
 from typing import Annotated
 
 from fastapi import Depends
+from pydantic import BaseModel, Field
 
-from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules, distributed_job
+from ekbatan_fastapi import (
+    DistributedJob,
+    ExecutionContext,
+    OneTimeJob,
+    Schedule,
+    Schedules,
+    distributed_job,
+)
 
 from .config import ExampleSettings, get_example_settings
 from .services import (
@@ -86,3 +94,20 @@ class DemoJob(DistributedJob):
             ctx.execution_time.isoformat(timespec="milliseconds"),
             ctx.picked_by,
         )
+
+
+class Note(BaseModel):
+    """What ``POST /demo/notes`` takes and the ``demo-note`` job gets (``ctx.data``)."""
+
+    text: str = Field(min_length=1, max_length=500)
+
+
+@distributed_job
+class NoteJob(OneTimeJob[Note]):
+    """A one-time job a route schedules (``POST /demo/notes``): runs once, on one instance."""
+
+    def name(self) -> str:
+        return "demo-note"
+
+    async def execute(self, ctx: ExecutionContext[Note]) -> None:
+        log.info("demo-note %s: %r", ctx.task_instance, ctx.data.text)

@@ -6,6 +6,7 @@ session. ``EKBATAN_TEST_POSTGRES_URL`` points the suite at another server instea
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import fcntl
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import hypothesis
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -30,6 +32,10 @@ from ekbatan_fastapi import PollingStrategy, create_schema
 from ekbatan_fastapi.store.embedded import start_embedded_postgres
 
 from .helpers import RegistryFactory
+
+# The fast, deterministic Hypothesis profile unless `--hypothesis-profile=full` (applied after
+# this, in pytest_configure) asks for the full one (tests/helpers.py registers both).
+hypothesis.settings.load_profile("fast")
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +58,7 @@ def _chaos_runs_alone(
         yield
         return
     lock = tmp_path_factory.getbasetemp().parent / "chaos-runs-alone.lock"
-    exclusive = request.node.get_closest_marker("chaos") is not None
+    exclusive = any(request.node.get_closest_marker(m) for m in ("chaos", "clusters"))
     with lock.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
@@ -102,16 +108,69 @@ def _asyncpg_dsn(url: str, database: str | None = None) -> dict[str, Any]:
     }
 
 
+_SCHEMA_TEMPLATES: dict[str, str] = {}
+"""Per PostgreSQL server (URL): a database holding what ``create_schema`` makes, from which the
+databases of tests that ask for ``engine``/``any_engine`` are copied (``CREATE DATABASE ...
+TEMPLATE``): one ``create_schema`` per session and server instead of one per test."""
+_WITH_SCHEMA: set[str] = set()
+"""The test databases copied from a template: their engine fixture creates nothing."""
+
+
+async def _schema_template(server_url: str) -> str:
+    """The name of this session's schema template on the server (made on first use)."""
+    name = _SCHEMA_TEMPLATES.get(server_url)
+    if name is None:
+        name = f"ekbatan_template_{uuid.uuid4().hex[:12]}"
+        admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+        template = create_async_engine(url, poolclass=NullPool)  # nothing stays connected
+        try:
+            await create_schema(template)
+        finally:
+            await template.dispose()
+        _SCHEMA_TEMPLATES[server_url] = name
+    return name
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_schema_templates() -> Iterator[None]:
+    """The templates go with the session (on an external server they would stay)."""
+    yield
+
+    async def drop() -> None:
+        for server_url, name in _SCHEMA_TEMPLATES.items():
+            with contextlib.suppress(OSError, asyncpg.PostgresError):  # embedded: already gone
+                admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
+                try:
+                    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                finally:
+                    await admin.close()
+
+    asyncio.run(drop())
+
+
 @contextlib.asynccontextmanager
-async def _fresh_postgres_database(server_url: str) -> AsyncIterator[str]:
-    """A fresh, empty database on the PostgreSQL server; dropped afterwards."""
+async def _fresh_postgres_database(server_url: str, *, schema: bool = False) -> AsyncIterator[str]:
+    """A fresh database on the PostgreSQL server, empty or (``schema``) with what
+    ``create_schema`` makes (copied from the session's template); dropped afterwards."""
     name = f"ekbatan_{uuid.uuid4().hex[:12]}"
+    template = f' TEMPLATE "{await _schema_template(server_url)}"' if schema else ""
     admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        await admin.execute(f'CREATE DATABASE "{name}"{template}')
     finally:
         await admin.close()
-    yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    if schema:
+        _WITH_SCHEMA.add(url)
+    try:
+        yield url
+    finally:
+        _WITH_SCHEMA.discard(url)
     admin = await asyncpg.connect(**_asyncpg_dsn(server_url))
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -119,18 +178,29 @@ async def _fresh_postgres_database(server_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
+async def _engine_with_schema(url: str) -> AsyncEngine:
+    """An engine on a test database, with ``scheduled_tasks`` and our tables."""
+    eng = create_async_engine(url, pool_size=5, max_overflow=5)
+    if url not in _WITH_SCHEMA:  # copied from the template: there already
+        await create_schema(eng)
+    return eng
+
+
 @pytest.fixture
-async def database_url(postgres_server_url: str) -> AsyncIterator[str]:
-    """A fresh, empty database for one test; dropped afterwards."""
-    async with _fresh_postgres_database(postgres_server_url) as url:
+async def database_url(
+    postgres_server_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    """A fresh database for one test, dropped afterwards: empty, or with the schema already
+    there when the test also uses ``engine`` (which would create it)."""
+    schema = "engine" in request.fixturenames
+    async with _fresh_postgres_database(postgres_server_url, schema=schema) as url:
         yield url
 
 
 @pytest.fixture
 async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     """An engine on the test database, with ``scheduled_tasks`` created; checked for leaks."""
-    eng = create_async_engine(database_url, pool_size=5, max_overflow=5)
-    await create_schema(eng)
+    eng = await _engine_with_schema(database_url)
     yield eng
     checked_out = eng.pool.checkedout()  # type: ignore[attr-defined]
     await eng.dispose()
@@ -179,8 +249,8 @@ class Database:
 
     @property
     def migrations(self) -> str:
-        """The folder under ``migrations/`` for this database."""
-        return "mysql" if self.dialect == "mysql5" else self.dialect
+        """The folder under ``migrations/`` for this database (one for MySQL and MariaDB)."""
+        return "mysql" if self.is_mysql else self.dialect
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -296,7 +366,8 @@ async def any_database(request: pytest.FixtureRequest) -> AsyncIterator[Database
         server = request.getfixturevalue(
             "embedded_postgres_url" if kind == "postgresql-embedded" else "external_postgres_url"
         )
-        async with _fresh_postgres_database(server) as url:
+        schema = "any_engine" in request.fixturenames
+        async with _fresh_postgres_database(server, schema=schema) as url:
             yield Database(kind, url, "postgresql")
         return
     server = request.getfixturevalue("mysql_server_url")
@@ -330,8 +401,7 @@ def any_database_url(any_database: Database) -> str:
 @pytest.fixture
 async def any_engine(any_database: Database) -> AsyncIterator[AsyncEngine]:
     """An engine on the test database, with ``scheduled_tasks`` created; checked for leaks."""
-    eng = create_async_engine(any_database.url, pool_size=5, max_overflow=5)
-    await create_schema(eng)
+    eng = await _engine_with_schema(any_database.url)
     yield eng
     checked_out = eng.pool.checkedout()  # type: ignore[attr-defined]
     await eng.dispose()

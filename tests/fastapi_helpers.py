@@ -18,6 +18,9 @@ FAST_JOBS = {
     # Dead after 2 s: a test machine under load must not see live executions as dead.
     "missed-heartbeats-limit": "20",
     "shutdown-max-wait": "PT2S",
+    # Every read of /jobs reads the table: a test reads right after it changed something.
+    # (Concurrent requests still share one read; tests/test_read_budget.py tests the cache.)
+    "web-report-cache": "PT0S",
 }
 SLOT_ENV = "EKBATAN_SHARDING__GROUPS__0__MEMBERS__0__CONFIGS__JOBS_CONFIG"
 

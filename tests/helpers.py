@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -20,10 +21,28 @@ from ekbatan_fastapi import (
     OneTimeJob,
     Schedule,
     SchedulerBuilder,
+    SchedulerObserver,
     job_registry,
 )
+from ekbatan_fastapi.engine.config import default_scheduler_name
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
+
+# Hypothesis profiles (tests/conftest.py loads one): "fast", the default, is deterministic
+# (derandomize: the same examples every run) with a quarter of the examples; "full"
+# (`pytest --hypothesis-profile=full`, as `.ci/run` runs it) draws new random examples each
+# run, as many as each test states.
+FULL_EXAMPLES = 100
+hypothesis.settings.register_profile("full", max_examples=FULL_EXAMPLES)
+hypothesis.settings.register_profile(
+    "fast", max_examples=FULL_EXAMPLES // 4, derandomize=True, database=None
+)
+
+
+def examples(n: int) -> int:
+    """A test's ``max_examples`` under the active Hypothesis profile: ``n`` under "full",
+    a quarter (at least 10) under "fast"."""
+    return max(10, n * hypothesis.settings.default.max_examples // FULL_EXAMPLES)
 
 
 async def wait_until(
@@ -41,6 +60,30 @@ async def wait_until(
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         await asyncio.sleep(0.01)
+
+
+class Polls(SchedulerObserver):
+    """The scheduler's polls, as a test signal: a test that must show something does *not*
+    run waits for the next polls to finish (``await polls.next(2)``, the rows they claimed)
+    instead of sleeping for a while and hoping the scheduler looked meanwhile. Attach with
+    ``customize=lambda b: b.observer(polls)``."""
+
+    def __init__(self) -> None:
+        self.claimed: list[int] = []
+        self._polled = asyncio.Event()
+
+    def polled(self, duration: float, claimed: int) -> None:
+        self.claimed.append(claimed)
+        self._polled.set()
+
+    async def next(self, n: int = 2, timeout: float = 10.0) -> int:
+        """Wait until ``n`` more polls finished; how many rows they claimed in all."""
+        first = len(self.claimed)
+        async with asyncio.timeout(timeout):
+            while len(self.claimed) < first + n:
+                self._polled.clear()
+                await self._polled.wait()
+        return sum(self.claimed[first : first + n])
 
 
 def is_mysql(engine: AsyncEngine) -> bool:
@@ -106,6 +149,20 @@ class CountingJob(OneTimeJob):
         self.data[ctx.task_instance] = ctx.data
 
 
+async def revived_by_a_peer(
+    registry: JobRegistry, name: str, until: Callable[[], bool], timeout: float = 10.0
+) -> None:
+    """Check for dead executions of ``name`` as a peer of ``registry`` would (an instance
+    never revives what it runs itself), every 50 ms until ``until()``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not until():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for a revival of {name}")
+        await registry.store.tasks.revive_dead([name], registry.config.dead_after)
+        await asyncio.sleep(0.05)
+
+
 def fail_writes(repository: Any) -> Callable[[], None]:
     """Make the repository's result and heartbeat writes fail as if the database were away
     (polls still work); returns the call that brings them back."""
@@ -140,6 +197,7 @@ class RegistryFactory:
         customize: Callable[[SchedulerBuilder], Any] | None = None,
         url: str | None = None,
     ) -> JobRegistry:
+        name = f"{default_scheduler_name()[:40]}-r{len(self.made)}"
         builder = (
             job_registry()
             .connection_provider(url or self.url)
@@ -149,6 +207,9 @@ class RegistryFactory:
             .shutdown_max_wait(timedelta(seconds=shutdown))
             # a 1 s dead window: short, yet no false revival on a loaded 2-core machine
             .customize_scheduler(lambda b: b.missed_heartbeats_limit(10))
+            # each its own name, as separate processes have: peers in one test process would
+            # otherwise share one (host-pid), and see each other's rows as their own
+            .customize_scheduler(lambda b: b.scheduler_name(name))
         )
         if self.dialect is not None:
             dialect = self.dialect
@@ -166,12 +227,17 @@ class RegistryFactory:
         return registry
 
     async def close(self) -> None:
+        """Stop every registry, then fail on a leak: a leak of the first must not leave the
+        others running (the event loop's close would wait for them until pytest-timeout)."""
+        leaks: list[str] = []
         for registry in self.made:
             await registry.scheduler.stop()
             checked_out = registry.engine.pool.checkedout()  # type: ignore[attr-defined]
             await registry.stop()
             await registry.connection.dispose()
-            assert checked_out == 0, f"{checked_out} connections left checked out"
+            if checked_out:
+                leaks.append(f"{registry.scheduler.name}: {checked_out}")
+        assert not leaks, f"connections left checked out: {', '.join(leaks)}"
 
 
 class Worker:

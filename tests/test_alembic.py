@@ -168,6 +168,8 @@ def test_excluding_ekbatan_follows_a_renamed_table_and_asks_your_hook_about_the_
         "ekbatan_scheduler_instances",
         "ekbatan_jobs",
         "ekbatan_trace_context",
+        "ekbatan_cancel_requests",
+        "ekbatan_missed_streaks",
         "ekbatan_schema_migrations",
     }
 

@@ -34,7 +34,7 @@ from ekbatan_fastapi import (
 from ekbatan_fastapi.client import MAX_NAME_LENGTH
 
 from .conftest import Database
-from .helpers import CountingJob, RecordingJob, RegistryFactory, wait_until
+from .helpers import CountingJob, RecordingJob, RegistryFactory, examples, wait_until
 
 SQL_BITS = [
     "'",
@@ -97,7 +97,9 @@ async def _table_rows(registry: JobRegistry) -> int:
 
 
 @settings(
-    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(120),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(instance=NASTY)
 async def test_instance_ids_are_stored_exactly_or_refused(
@@ -123,7 +125,9 @@ async def test_instance_ids_are_stored_exactly_or_refused(
 
 
 @settings(
-    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(120),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(name=NASTY)
 async def test_unknown_job_names_get_documented_errors_only(
@@ -183,7 +187,7 @@ class NamedJob(DistributedJob):
         self.slots.append(ctx.execution_time)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(name=NASTY)
 def test_job_names_are_checked_when_the_registry_is_built(name: str) -> None:
     builder = job_registry().connection_provider("postgresql+asyncpg://u@127.0.0.1/db")
@@ -217,7 +221,7 @@ async def test_recurring_jobs_with_nasty_names_run_on_the_scheduler(
     assert registry.status().loop_restarts == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(name=NASTY)
 def test_scheduler_names_are_checked_when_the_registry_is_built(name: str) -> None:
     """The scheduler name is written into ``picked_by`` (50 characters) by every claim."""

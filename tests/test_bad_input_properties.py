@@ -28,6 +28,8 @@ from ekbatan_fastapi.domain.durations import format_iso_duration, parse_iso_dura
 from ekbatan_fastapi.domain.errors import ConfigurationError, ScheduleError
 from ekbatan_fastapi.settings import EkbatanSettings, JobsSettings
 
+from .helpers import examples
+
 ZONES = ["UTC", "Europe/Rome", "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe"]
 JUNK_ZONES = ["", " ", "Nope/Zone", "../../etc/passwd", "UTC\x00", "Europe/", "+01:00", "😀"]
 
@@ -61,7 +63,7 @@ def _check_schedule(schedule: Schedule, now: datetime) -> None:
     assert first >= now and following > first
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(expression=_CRON, zone=st.one_of(st.none(), st.sampled_from(ZONES + JUNK_ZONES)))
 def test_cron_expressions_are_accepted_or_refused_by_name(
     expression: str, zone: str | None
@@ -75,7 +77,7 @@ def test_cron_expressions_are_accepted_or_refused_by_name(
     _check_schedule(schedule, datetime(2026, 3, 29, 0, 30, tzinfo=UTC))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     times=st.lists(st.times(), min_size=0, max_size=4),
     zone=st.one_of(st.none(), st.sampled_from(ZONES + JUNK_ZONES), st.text(max_size=20)),
@@ -108,7 +110,7 @@ _VALID = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     schedule=_VALID,
     now=st.datetimes(
@@ -127,7 +129,7 @@ def test_every_schedule_answers_or_refuses_across_the_whole_calendar(
     _check_schedule(schedule, now)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(text=st.text(max_size=60), setting=st.sampled_from(["jobs.polling-interval", "x"]))
 def test_duration_errors_name_the_setting_and_the_value(text: str, setting: str) -> None:
     try:
@@ -174,7 +176,7 @@ def _accepted_or_named(make: Any, key: str, env: str | None = None) -> None:
             assert env in message, message
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.data(), key=st.sampled_from(_KEYS), value=_JUNK)
 def test_junk_job_settings_are_refused_naming_the_key(
     data: st.DataObject, key: str, value: Any
@@ -183,7 +185,7 @@ def test_junk_job_settings_are_refused_naming_the_key(
     _accepted_or_named(lambda: EkbatanSettings(jobs={spelled: value}), key)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     key=st.sampled_from(_KEYS),
     value=st.text(st.characters(codec="utf-8", exclude_characters="\x00")),
@@ -214,7 +216,9 @@ _YAML_VALUES = st.recursive(
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     document=st.one_of(
@@ -243,7 +247,7 @@ def _free_text(max_size: int, alphabet: str | None = None) -> st.SearchStrategy[
     return text.filter(lambda value: "PASSWORD" not in value)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     url=st.one_of(
         _free_text(40),

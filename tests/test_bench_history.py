@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.throughput import BenchOptions, run_benchmark
+
+pytestmark = pytest.mark.bench_smoke
 
 
 async def test_history_rows_follow_the_history_switch(postgres_server_url: str) -> None:

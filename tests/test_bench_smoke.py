@@ -5,7 +5,11 @@ No timing is asserted; the benchmark's figures are not part of the suite's pass/
 
 from __future__ import annotations
 
+import pytest
+
 from bench.throughput import BenchOptions, run_benchmark, summarize
+
+pytestmark = pytest.mark.bench_smoke
 
 
 async def test_throughput_harness_completes_with_matching_counts(

@@ -3,9 +3,13 @@ is asserted)."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.driver_floor import format_table, measure
 
 from .conftest import _fresh_postgres_database
+
+pytestmark = pytest.mark.bench_smoke
 
 
 async def test_driver_floor_drains_every_row_with_the_stores_statements(

@@ -3,7 +3,11 @@ asserted; benchmarks never gate the suite)."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench import foreign_rows
+
+pytestmark = pytest.mark.bench_smoke
 
 
 async def test_foreign_rows_harness_measures_every_statement(postgres_server_url: str) -> None:

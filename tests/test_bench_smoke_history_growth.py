@@ -9,6 +9,8 @@ import pytest
 
 from bench import history_growth
 
+pytestmark = pytest.mark.bench_smoke
+
 
 async def _tiny(server_url: str) -> dict[str, Any]:
     return await history_growth.measure(

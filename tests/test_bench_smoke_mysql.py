@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.throughput import BenchOptions, run_benchmark
+
+pytestmark = pytest.mark.bench_smoke
 
 
 async def test_throughput_harness_runs_on_mysql(mysql_server_url: str) -> None:

@@ -10,10 +10,13 @@ import pytest
 from bench import db_limit_mysql
 from ekbatan_fastapi.store.mysql import statements as q
 
-pytestmark = pytest.mark.skipif(
-    not (shutil.which("mariadb-slap") or shutil.which("mysqlslap")),
-    reason="mysqlslap not installed (apt-get install mariadb-client)",
-)
+pytestmark = [
+    pytest.mark.bench_smoke,
+    pytest.mark.skipif(
+        not (shutil.which("mariadb-slap") or shutil.which("mysqlslap")),
+        reason="mysqlslap not installed (apt-get install mariadb-client)",
+    ),
+]
 
 
 def test_script_is_built_from_the_statements_module() -> None:

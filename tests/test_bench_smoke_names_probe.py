@@ -3,7 +3,11 @@ is asserted; benchmarks never gate the suite)."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench import names_table_probe
+
+pytestmark = pytest.mark.bench_smoke
 
 
 async def test_names_table_probe_times_both_forms_on_mariadb(mysql_server_url: str) -> None:

@@ -7,7 +7,11 @@ import asyncio
 import cProfile
 from pathlib import Path
 
+import pytest
+
 from bench.profile_breakdown import breakdown, main
+
+pytestmark = pytest.mark.bench_smoke
 
 
 async def _work() -> None:

@@ -3,7 +3,11 @@ MariaDB (no timing is asserted; benchmarks never gate the suite)."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench import revive_names
+
+pytestmark = pytest.mark.bench_smoke
 
 
 async def test_revive_names_harness_times_the_check(postgres_server_url: str) -> None:

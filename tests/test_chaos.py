@@ -1,11 +1,11 @@
-"""The chaos scenarios of ``bench/chaos.py``, short versions: real scheduler processes (plain
+"""The chaos scenarios of ``tests/chaos/run.py``, short versions: real scheduler processes (plain
 registry processes and uvicorn processes of the example app) behind loopback proxies, real
 faults (SIGKILL, SIGSTOP, cut or silent connections, a locked table, a blocked event loop,
 SIGTERM, wrong clocks), and an audit of the ledger every execution wrote.
 
 Each scenario checks that no slot was lost, that every slot run twice is explained by a
 revival after a fault (or a release at shutdown), and its own promises (recovery times, the
-answers of ``/jobs``). The long versions run by hand (``python bench/chaos.py all``); their
+answers of ``/jobs``). The long versions run by hand (``python -m tests.chaos all``); their
 figures are in docs/RELIABILITY.md.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import DEPLOYMENTS, SCENARIOS, run_scenario
 from bench.servers import have_pg15, have_pgbouncer
+from tests.chaos.run import DEPLOYMENTS, SCENARIOS, run_scenario
 
 from .conftest import fresh_mysql_database
 
@@ -38,7 +38,7 @@ async def test_deployment_scenario_keeps_its_promises(
     name: str, database_url: str, tmp_path: Path
 ) -> None:
     """PgBouncer's transaction pooling, a primary failover (stopped, frozen, fenced) and a claim
-    answered late: the real components (``bench/chaos_deploy.py``)."""
+    answered late: the real components (``tests/chaos/deploy.py``)."""
     if name == "pgbouncer-transaction" and not have_pgbouncer():
         pytest.skip("pgbouncer is not installed (apt-get install pgbouncer; .ci/run does)")
     if name in ("failover", "failover-frozen", "fence-read-only") and not have_pg15():

@@ -1,4 +1,4 @@
-"""Core bugs the chaos harness (``bench/chaos.py``) found, each pinned by a test that failed
+"""Core bugs the chaos harness (``tests/chaos/run.py``) found, each pinned by a test that failed
 before its fix.
 
 Each scheduler runs in a thread with an event loop of its own, so a scheduler that hangs or
@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench.chaos_cluster import Proxy
 from ekbatan_fastapi import ExecutionContext, JobRegistry, OneTimeJob, Schedules
+from tests.chaos.cluster import Proxy
 
-from .helpers import RecordingJob, RegistryFactory, fail_writes, wait_until
+from .helpers import RecordingJob, RegistryFactory, fail_writes, revived_by_a_peer, wait_until
 
 
 def _run_in_thread(
@@ -65,7 +65,7 @@ class SlowJob(OneTimeJob):
 def test_a_full_batch_with_a_past_due_time_does_not_spin_the_event_loop(
     database_url: str, engine: AsyncEngine
 ) -> None:
-    """``chaos.py db-restart``: after an outage the backlog filled the batch while the poller's
+    """``tests.chaos db-restart``: after an outage the backlog filled the batch while the poller's
     planned due time lay in the past; its wait for capacity then returned at once without
     yielding, forever, so the event loop never ran the executions that would free capacity
     (100 % CPU, no heartbeats, SIGTERM ignored). ``engine`` only creates the table."""
@@ -88,10 +88,11 @@ def test_a_full_batch_with_a_past_due_time_does_not_spin_the_event_loop(
     assert errors == []
 
 
+@pytest.mark.slow
 def test_a_connection_that_dies_silently_does_not_hang_the_scheduler(
     database_url: str, engine: AsyncEngine
 ) -> None:
-    """``chaos.py db-restart`` with a black hole: the database's connections stop answering
+    """``tests.chaos db-restart`` with a black hole: the database's connections stop answering
     without a reset (a partition, a failover that moved the address). Each loop waited for an
     answer forever: after the network healed the scheduler never ran anything again, and it
     did not stop either. Every statement is now bounded by ``statement_timeout``; the silent
@@ -128,7 +129,7 @@ def test_a_connection_that_dies_silently_does_not_hang_the_scheduler(
 async def test_a_stale_and_a_fresh_result_of_one_row_in_one_batch_are_told_apart(
     any_registries: RegistryFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``chaos.py db-restart``: during an outage an execution's result could not be recorded
+    """``tests.chaos db-restart``: during an outage an execution's result could not be recorded
     and its heartbeats failed, so the row was revived and run again by the same instance. Once
     the database was back, the completer sent both results in one batch; the repository
     answers with the keys it recorded, so the stale result (whose version no longer matched,
@@ -138,8 +139,8 @@ async def test_a_stale_and_a_fresh_result_of_one_row_in_one_batch_are_told_apart
     registry = await any_registries.start(job)
     database_back = fail_writes(registry.store.tasks)
     await wait_until(lambda: len(job.slots) >= 1, what="the first run")
-    # the row is revived by this instance itself (its heartbeats fail) and run again
-    await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun")
+    # its heartbeats fail: a peer revives the row, and this instance claims it and runs it again
+    await revived_by_a_peer(registry, "once-an-hour", lambda: len(job.slots) >= 2)
     await wait_until(
         lambda: len(registry.scheduler.completer.pending) == 2, what="both results pending"
     )
@@ -178,7 +179,7 @@ async def test_a_stale_result_does_not_unregister_the_rerun_of_its_row(
     job = BlockOnRerun()
     registry = await any_registries.start(job)
     database_back = fail_writes(registry.store.tasks)
-    await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun")
+    await revived_by_a_peer(registry, "blocks-on-rerun", lambda: len(job.slots) >= 2)
     database_back()  # only the stale result is pending
     await wait_until(
         lambda: not registry.scheduler.completer.pending, what="the stale result rejected"
@@ -189,10 +190,11 @@ async def test_a_stale_result_does_not_unregister_the_rerun_of_its_row(
     job.release.set()
 
 
+@pytest.mark.slow
 def test_a_graceful_stop_after_a_silent_partition_is_prompt(
     database_url: str, engine: AsyncEngine
 ) -> None:
-    """``chaos.py db-restart`` (long) with the default statement_timeout of 30 s: after the
+    """``tests.chaos db-restart`` (long) with the default statement_timeout of 30 s: after the
     connections fell silent, SIGTERM took over 30 s (the harness killed the process), because
     the listener unsubscribed on its silent connection and waited for the answer. The LISTEN
     connection is now discarded without a word, and removing the instance's row is bounded."""

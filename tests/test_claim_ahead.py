@@ -16,12 +16,13 @@ from ekbatan_fastapi import ExecutionContext, OneTimeJob, scheduled_tasks
 from ekbatan_fastapi.domain.errors import ConfigurationError
 from ekbatan_fastapi.domain.rows import PollingStrategy
 from ekbatan_fastapi.engine.config import SchedulerConfig
+from ekbatan_fastapi.engine.execution import Execution
 from ekbatan_fastapi.settings import EkbatanSettings
 from ekbatan_fastapi.store.dialects import open_store
 from ekbatan_fastapi.store.postgresql.tasks import PostgresTaskStore
 
 from .conftest import Database
-from .helpers import RegistryFactory, db_now, wait_until
+from .helpers import Polls, RegistryFactory, db_now, wait_until
 
 T = scheduled_tasks
 
@@ -83,7 +84,9 @@ def test_a_lead_out_of_range_is_refused_with_the_range(value: str, says: str) ->
 @pytest.mark.parametrize("value", [timedelta(seconds=-1), timedelta(seconds=11), 0.2])
 def test_the_scheduler_config_refuses_a_bad_lead(value: object) -> None:
     config = SchedulerConfig(claim_ahead=value)  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match=r"claim_ahead must be a timedelta from 0 to 10"):
+    # the rule the settings apply too (one per setting): the range, or the type it takes
+    says = r"claim_ahead(: .*\(allowed: PT0S to PT10S\)| must be a datetime.timedelta)"
+    with pytest.raises(ConfigurationError, match=says):
         config.validate()
 
 
@@ -102,7 +105,7 @@ async def test_a_store_that_cannot_claim_ahead_refuses_a_poll_with_a_lead(
 ) -> None:
     monkeypatch.setattr(PostgresTaskStore, "supports_claim_ahead", False)
     tasks = open_store(engine, "postgresql").tasks
-    with pytest.raises(ValueError, match=r"ahead=0:00:01.*timedelta\(0\)"):
+    with pytest.raises(ValueError, match=r"ahead=PT1S.*timedelta\(0\)"):
         await tasks.poll(["stamp"], 10, "me", PollingStrategy.FETCH, ahead=timedelta(seconds=1))
 
 
@@ -196,15 +199,22 @@ async def test_two_instances_claiming_ahead_run_each_slot_once(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     jobs = [StampJob(), StampJob()]
-    for job in jobs:  # both poll often: MySQL/MariaDB have no notifications to wake the other
-        await any_registries.start(job, poll=0.2, customize=_ahead(0.5))
+    polls = [Polls(), Polls()]
+    for job, seen in zip(jobs, polls, strict=True):
+        # both poll often: MySQL/MariaDB have no notifications to wake the other
+        await any_registries.start(
+            job,
+            poll=0.2,
+            customize=lambda b, seen=seen: b.observer(seen).claim_ahead(timedelta(seconds=0.5)),
+        )
     now = await db_now(any_engine)
     at = [now + timedelta(milliseconds=300 + 10 * i) for i in range(40)]
     client = any_registries.made[0].client
     for i, when in enumerate(at):
         await client.schedule("stamp", f"i{i}", when)
     await wait_until(lambda: sum(len(j.started) for j in jobs) >= 40, 10, "40 executions")
-    await asyncio.sleep(0.2)
+    for seen in polls:  # each instance looked again: a second claim of a row would show now
+        await seen.next(1)
     ran = [set(j.started) for j in jobs]
     assert not ran[0] & ran[1], "an instance ran twice"
     assert ran[0] | ran[1] == {f"i{i}" for i in range(40)}
@@ -273,3 +283,65 @@ async def test_a_limited_job_counts_the_rows_it_holds_ahead(
 async def _any_picked(engine: AsyncEngine) -> bool:
     async with engine.connect() as conn:
         return (await conn.execute(select(T.c.task_instance).where(T.c.picked))).first() is not None
+
+
+async def test_a_held_row_whose_start_raises_is_given_back(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    """A row claimed ahead whose slot cannot be decided when its time comes: it is no longer
+    held (nor heartbeated) but unpicked, and the rows held with it run."""
+    job = StampJob()
+    registry = registries.build(job, poll=5.0, customize=_ahead(3.0))
+    executor = registry.scheduler.executor
+    prepare = executor._prepare
+
+    def fails_for_b(execution: Execution) -> bool:
+        if execution.row.task_instance == "b":
+            raise RuntimeError("deciding the slot of b failed")
+        return prepare(execution)
+
+    executor._prepare = fails_for_b  # type: ignore[method-assign]
+    await registry.start()
+    assert await registry.wait_until_ready(10)
+    at = await db_now(engine) + timedelta(seconds=1)
+    await registry.client.schedule_many("stamp", [(i, at, None) for i in ("a", "b", "c")])
+    await wait_until(lambda: len(job.started) == 2, what="a and c run at their time")
+    executions = registry.scheduler.executions
+    await wait_until(lambda: not executions.by_key, what="nothing held")
+    await wait_until(lambda: _unpicked(engine, "b"), what="b given back")
+    assert set(job.started) == {"a", "c"} and executions.executing == 0
+
+
+async def _unpicked(engine: AsyncEngine, instance: str) -> bool:
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(select(T.c.picked).where(T.c.task_instance == instance))
+        ).one_or_none()
+    return row is not None and not row.picked
+
+
+async def test_a_held_row_asked_to_stop_does_not_run_when_its_time_comes(
+    registries: RegistryFactory, engine: AsyncEngine
+) -> None:
+    """``cancel_running`` reaches a row claimed ahead (picked, waiting for its time): the
+    job is not started at its time (it used to run to the end, recorded as succeeded, only
+    ``ctx.cancel_requested`` saying it was asked), the one-time task is removed, and the
+    history says cancelled."""
+    job = StampJob()
+    at = await _schedule_two_seconds_ahead(registries, engine, job, ["held"])
+    await wait_until(lambda: _picked(engine, "held"), 5, "the row claimed ahead")
+    registry = registries.made[-1]
+    await registry.client.cancel_running("stamp", "held", "not wanted")
+    await registry.scheduler.housekeeper.stop_requested()  # its heartbeat round's read
+    assert await db_now(engine) < at, "the machine was too slow to ask before its time"
+
+    async def gone() -> bool:
+        async with engine.connect() as conn:
+            found = await conn.execute(select(T).where(T.c.task_instance == "held"))
+            return found.first() is None
+
+    await wait_until(gone, 5, "the cancelled task removed")
+    assert "held" not in job.started
+    records = await registry.client.history("stamp", limit=10)
+    assert [r.outcome for r in records] == ["cancelled"]
+    assert "not wanted" in (records[0].error_message or "")

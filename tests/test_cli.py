@@ -19,9 +19,21 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ekbatan_fastapi import Schedules
+from ekbatan_fastapi.client.views import (
+    HistoryPage,
+    InstanceView,
+    JobView,
+    PauseResult,
+    RunNowResult,
+    TaskPage,
+    TaskView,
+)
+from ekbatan_fastapi.store.migrate import migrate
 
 from .conftest import Database
 from .helpers import RecordingJob, RegistryFactory, is_mysql, wait_until
+
+pytestmark = pytest.mark.multiprocess
 
 SCRIPT = Path(sys.executable).parent / "ekbatan-jobs"
 
@@ -69,7 +81,7 @@ async def _tables(url: str) -> set[str]:
 async def test_migrate_applies_once_and_records_what_it_applied(any_database: Database) -> None:
     dry = await cli(*target(any_database), "--json", "migrate", "--dry-run")
     assert dry.code == 0, dry.stderr
-    assert [m["status"] for m in dry.json["migrations"]] == ["pending"] * 5
+    assert [m["status"] for m in dry.json["migrations"]] == ["pending"] * 7
     assert "scheduled_tasks" not in await _tables(any_database.url)
 
     first = await cli(*target(any_database), "migrate", "--json")
@@ -81,10 +93,12 @@ async def test_migrate_applies_once_and_records_what_it_applied(any_database: Da
         (3, "applied"),
         (4, "applied"),
         (5, "applied"),
+        (6, "applied"),
+        (7, "applied"),
     ]
     again = await cli(*target(any_database), "migrate")
     assert again.code == 0, again.stderr
-    assert again.stdout.count("up-to-date") == 5
+    assert again.stdout.count("up-to-date") == 7
     assert {
         "scheduled_tasks",
         "ekbatan_execution_history",
@@ -92,6 +106,8 @@ async def test_migrate_applies_once_and_records_what_it_applied(any_database: Da
         "ekbatan_scheduler_instances",
         "ekbatan_jobs",
         "ekbatan_trace_context",
+        "ekbatan_cancel_requests",
+        "ekbatan_missed_streaks",
         "ekbatan_schema_migrations",
     } <= await _tables(any_database.url)
 
@@ -115,6 +131,8 @@ async def test_migrate_adopts_tables_made_otherwise_and_completes_a_partial_sche
         "baseline",
         "applied",
         "baseline",
+        "baseline",
+        "baseline",
     ]
     assert "ekbatan_paused_tasks" in await _tables(any_database.url)
     async with any_engine.connect() as conn:
@@ -129,8 +147,42 @@ async def test_migrate_adopts_tables_made_otherwise_and_completes_a_partial_sche
         (3, "baseline"),
         (4, "applied"),
         (5, "baseline"),
+        (6, "baseline"),
+        (7, "baseline"),
     ]
     assert all(len(checksum) == 64 for _, _, checksum in recorded)
+
+
+@pytest.mark.parametrize("any_database", ["mysql"], indirect=True)
+async def test_migrations_recorded_from_the_former_mariadb_copy_are_up_to_date(
+    any_database: Database,
+) -> None:
+    # MariaDB ran migrations/mariadb/ (a copy of migrations/mysql/ but for its comments) before
+    # the two became one folder: what it recorded is not a changed migration; another text is
+    engine = create_async_engine(any_database.url)
+    try:
+        await migrate(engine, any_database.dialect)
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE ekbatan_schema_migrations SET checksum = :old WHERE version = 1"),
+                {"old": "5271d815aee3058ac03b2e365f155c1b7e82d701896f16e9bfd1195795481bd5"},
+            )
+            await conn.execute(
+                text("UPDATE ekbatan_schema_migrations SET checksum = :other WHERE version = 2"),
+                {"other": "0" * 64},
+            )
+        again = await migrate(engine, any_database.dialect)
+    finally:
+        await engine.dispose()
+    assert [(r.status, r.checksum_changed) for r in again] == [
+        ("up-to-date", False),
+        ("up-to-date", True),
+        ("up-to-date", False),
+        ("up-to-date", False),
+        ("up-to-date", False),
+        ("up-to-date", False),
+        ("up-to-date", False),
+    ]
 
 
 # The same SQL as on the other servers of each family: two runs are enough here.
@@ -154,23 +206,48 @@ async def test_operating_a_running_cluster(
         cli(*url, "history"),
         cli(*url, "instances", "--json"),
     )
+    jobs, first, second, first_text = await asyncio.gather(  # at most four processes at once
+        cli(*url, "jobs", "--json"),
+        cli(*url, "list", "--limit", "1", "--json"),
+        cli(*url, "list", "--limit", "1", "--offset", "1", "--json"),
+        cli(*url, "list", "--limit", "1"),
+    )
     assert listed.code == 0, listed.stderr
-    states = {t["task_name"]: t for t in listed.json["tasks"]}
+    # the names of /jobs (one read model, ekbatan_fastapi/client/read_model.py)
+    assert set(listed.json) == set(TaskPage.model_fields)
+    assert all(set(t) == set(TaskView.model_fields) for t in listed.json["tasks"])
+    states = {t["name"]: t for t in listed.json["tasks"]}
     assert states["bad"]["state"] == "failing" and states["bad"]["consecutive_failures"] == 1
     assert states["ok"]["state"] == "scheduled" and states["ok"]["last_success"]
-    assert [(h["outcome"], h["error_class"]) for h in history.json["history"]] == [
+    assert states["ok"]["kind"] == "recurring"  # from ekbatan_jobs: the CLI loads no jobs
+    assert states["ok"]["schedule"] == "FIXED_DELAY|PT1H"
+    assert listed.json["next_offset"] is None
+    assert set(history.json) == set(HistoryPage.model_fields)
+    assert history.json["name"] == "bad" and history.json["next_before_id"] is None
+    assert [(h["outcome"], h["error_class"]) for h in history.json["records"]] == [
         ("failed", "RuntimeError")
     ]
     assert "bad failed on purpose" in table.stdout and "succeeded" in table.stdout
     assert [i["name"] for i in instances.json["instances"]] == [registry.scheduler.name]
+    assert set(instances.json["instances"][0]) == set(InstanceView.model_fields)
+    assert [j["name"] for j in jobs.json["jobs"]] == ["bad", "ok"]
+    assert all(set(j) == set(JobView.model_fields) for j in jobs.json["jobs"])
+    # paging as /jobs pages: limit, offset, next_offset
+    assert first.json["next_offset"] == 1 and second.json["next_offset"] == 2
+    assert "--offset 1 shows the next page" in first_text.stderr
+    paged = [t["name"] for t in first.json["tasks"] + second.json["tasks"]]
+    assert sorted(paged) == ["bad", "ok"]
 
-    paused = await cli(*url, "pause", "ok", "--reason", "maintenance", "--by", "alice")
+    paused = await cli(*url, "pause", "ok", "--reason", "maintenance", "--by", "alice", "--json")
     assert paused.code == 0, paused.stderr
+    assert set(paused.json) == set(PauseResult.model_fields)
+    assert (paused.json["name"], paused.json["paused_by"]) == ("ok", "alice")
     assert (await registry.client.paused())["ok"].reason == "maintenance"
     refused = await cli(*url, "run-now", "ok")
     assert refused.code == 6 and "ok is paused (by alice" in refused.stderr
     forced = await cli(*url, "run-now", "ok", "--force", "--json")
     assert forced.code == 0, forced.stderr
+    assert set(forced.json) == set(RunNowResult.model_fields) and forced.json["forced"]
     assert forced.json["claimed_by"] in (
         registry.scheduler.name,
         "an instance (the run already finished)",
@@ -215,7 +292,9 @@ async def test_errors_exit_non_zero_with_a_clear_message(
     unreachable = await cli("--url", hung, "--connect-timeout", "0.5", "list")
     assert unreachable.code == 4, unreachable.stderr
     assert "cannot reach the database at" in unreachable.stderr and "0.5 s" in unreachable.stderr
-    assert time.monotonic() - began < 10
+    # not a timing test: without its timeout the connect would hang past cli()'s 30 s; the
+    # bound leaves room for a process start on a loaded machine
+    assert time.monotonic() - began < 25
 
     async with engine.begin() as conn:
         await conn.execute(text("DROP TABLE scheduled_tasks"))
@@ -245,7 +324,7 @@ async def test_database_from_environment_and_yaml_settings(
         "--json", "migrate", env={"EKBATAN_CONFIG_FILE": str(config), "JOBS_URL": database_url}
     )
     assert from_yaml.code == 0, from_yaml.stderr
-    assert [m["status"] for m in from_yaml.json["migrations"]] == ["baseline"] * 5
+    assert [m["status"] for m in from_yaml.json["migrations"]] == ["baseline"] * 7
     flag = await cli("list", "--config", str(config), env={"JOBS_URL": database_url})
     assert flag.code == 0, flag.stderr
 

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from ekbatan_fastapi.domain.durations import format_iso_duration, parse_iso_duration
 from ekbatan_fastapi.domain.errors import ScheduleError
 
+from .helpers import examples
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),
@@ -154,13 +156,13 @@ def _parses_or_schedule_error(text: str) -> None:
     assert parse_iso_duration(format_iso_duration(value)) == value
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.text())
 def test_fuzz_any_text_raises_only_schedule_error(text: str) -> None:
     _parses_or_schedule_error(text)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     st.from_regex(
         r"\s?-?[pP]?[0-9]{0,5}[YyMmWwDd]?[tT]?[0-9]{0,5}[HhMm]?[0-9]{0,5}[.,]?[0-9]{0,9}"

@@ -13,6 +13,7 @@ import pytest
 from ekbatan_fastapi.store.embedded import start_embedded_postgres
 
 
+@pytest.mark.slow
 def test_a_start_that_loses_the_data_directory_race_joins_the_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

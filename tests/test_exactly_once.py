@@ -21,13 +21,13 @@ from ekbatan_fastapi import (
     OneTimeJob,
     RetryLater,
     Schedule,
+    SchedulerObserver,
     Schedules,
 )
 from ekbatan_fastapi.domain.rows import TaskKey
-from ekbatan_fastapi.store.probe import StoreProbe, add_probe, remove_probe
 
 from .conftest import Database
-from .helpers import RegistryFactory, wait_until
+from .helpers import Polls, RegistryFactory, wait_until
 
 effects_meta = MetaData()
 effects = Table(
@@ -84,22 +84,19 @@ async def _history_of(engine: AsyncEngine, count: int) -> list[tuple[str, str]]:
     return await _history(engine)
 
 
-class Writes(StoreProbe):
+class Writes(SchedulerObserver):
     """Remembers the results the completer wrote (``ctx.transaction()`` writes none)."""
 
     def __init__(self) -> None:
         self.keys: list[TaskKey] = []
 
-    def finished(self, items: Any, recorded: Any, error: Any, seconds: float) -> None:
+    def results_written(self, items: Any, recorded: Any, error: Any, seconds: float) -> None:
         self.keys += [i.owned.key for i in items]
 
 
 @pytest.fixture
-def writes() -> Any:
-    probe = Writes()
-    add_probe(probe)
-    yield probe
-    remove_probe(probe)
+def writes() -> Writes:
+    return Writes()
 
 
 class Settle(OneTimeJob):
@@ -139,7 +136,7 @@ async def test_effects_and_the_completion_commit_in_one_transaction(
     any_registries: RegistryFactory, effect_table: AsyncEngine, writes: Writes
 ) -> None:
     job = Settle()
-    registry = await any_registries.start(job)
+    registry = await any_registries.start(job, customize=lambda b: b.observer(writes))
     await registry.client.schedule("settle", "inv-1")
     await wait_until(lambda: job.outcomes == ["committed"], what="the committed block")
     await wait_until(lambda: not registry.scheduler.running, what="settled")
@@ -415,7 +412,8 @@ async def test_enqueue_inside_the_callers_transaction(
 ) -> None:
     job = Receipt()
     # a long polling interval: only the commit's wake-up (or the due time) starts the run
-    registry = await any_registries.start(job, poll=0.5)
+    polls = Polls()
+    registry = await any_registries.start(job, poll=0.5, customize=lambda b: b.observer(polls))
 
     async def enqueue(name: str, commit: bool) -> None:
         if session:
@@ -434,7 +432,7 @@ async def test_enqueue_inside_the_callers_transaction(
     await enqueue("rolled-back", commit=False)
     await enqueue("committed", commit=True)
     await wait_until(lambda: "committed" in job.runs, what="the committed enqueue")
-    await asyncio.sleep(0.6)
+    assert await polls.next(1) == 0
     assert "rolled-back" not in job.runs and job.runs.count("committed") == 1
     assert await registry.client.get("send-receipt", "rolled-back") is None
 

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .fastapi_helpers import SLOT_ENV
 from .helpers import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_INTERVAL = timedelta(milliseconds=200)

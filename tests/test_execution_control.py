@@ -4,6 +4,7 @@ database, across OS processes) and ``try_cluster_lock``. On every database."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 import sys
@@ -157,6 +158,7 @@ async def test_a_sync_job_sees_is_timed_out_and_is_recorded_timed_out(
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 async def test_three_processes_never_run_more_than_the_limit(
     any_database: Database, any_engine: AsyncEngine
 ) -> None:
@@ -376,34 +378,54 @@ async def test_a_cluster_lock_belongs_to_its_database(
 
 
 _RACER = """
-import asyncio, sys, time
+import asyncio, sys
 from sqlalchemy.ext.asyncio import create_async_engine
 from ekbatan_fastapi import try_cluster_lock
 
 async def main():
     engine = create_async_engine(sys.argv[1])
-    start = float(sys.argv[2])
-    await asyncio.sleep(max(0.0, start - time.time()))
+    async with engine.connect():  # the pool keeps it: the race starts connected
+        pass
+    print("READY", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)  # GO
     async with try_cluster_lock(engine, "race") as acquired:
         print("ACQUIRED" if acquired else "REFUSED", flush=True)
-        await asyncio.sleep(1.0)
+        await asyncio.to_thread(sys.stdin.readline)  # held until both racers answered
     await engine.dispose()
 
 asyncio.run(main())
 """
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_processes_racing_on_one_name_exactly_one_acquires(any_database: Database) -> None:
-    start = time.time() + 2.0
-    racers = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RACER, any_database.url, repr(start)],
-            stdout=subprocess.PIPE,
-            cwd=ROOT,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    answers = sorted(r.communicate(timeout=60)[0].strip() for r in racers)
+    """Two processes, both connected, are told GO together; whichever wins holds the lock
+    until both have answered, so exactly one ACQUIRED however the two are scheduled."""
+    with contextlib.ExitStack() as stack:
+        racers = [
+            stack.enter_context(
+                subprocess.Popen(
+                    [sys.executable, "-c", _RACER, any_database.url],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    cwd=ROOT,
+                    text=True,
+                )
+            )
+            for _ in range(2)
+        ]
+        stack.callback(lambda: [racer.kill() for racer in racers if racer.poll() is None])
+        pipes = [(racer.stdin, racer.stdout) for racer in racers]
+        for _, out in pipes:
+            assert out is not None and out.readline().strip() == "READY"
+        for into, _ in pipes:
+            assert into is not None
+            into.write("GO\n")
+            into.flush()
+        answers = sorted(out.readline().strip() for _, out in pipes if out is not None)
+        for into, _ in pipes:
+            assert into is not None
+            into.write("END\n")
+            into.flush()
+        assert [racer.wait(timeout=60) for racer in racers] == [0, 0]
     assert answers == ["ACQUIRED", "REFUSED"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import insert, select
@@ -18,7 +17,7 @@ from ekbatan_fastapi import (
 )
 from ekbatan_fastapi.domain.failure import FailureHandler
 
-from .helpers import RecordingJob, RegistryFactory, db_now, wait_until
+from .helpers import Polls, RecordingJob, RegistryFactory, db_now, wait_until
 
 T = scheduled_tasks
 
@@ -109,10 +108,11 @@ async def test_missed_daily_slot_runs_once_then_continues_from_the_next_future_s
     missed = last_slot - timedelta(days=3)
     await _insert(any_engine, ("daily", "recurring", missed))  # every node was down 3 days
     job = RecordingJob("daily", Schedules.daily(slot_time))
-    await any_registries.start(job)
+    polls = Polls()
+    await any_registries.start(job, customize=lambda b: b.observer(polls))
     await wait_until(lambda: _succeeded_row(any_engine, "daily"), what="the missed slot run")
-    await asyncio.sleep(0.3)
-    assert job.slots == [missed], "the missed slots are coalesced into one run"
+    assert await polls.next(2) == 0, "the missed slots are coalesced into one run"
+    assert job.slots == [missed]
     row = await _row(any_engine, "daily")
     expected_next = last_slot + timedelta(days=1)
     assert row.execution_time == expected_next  # type: ignore[attr-defined]

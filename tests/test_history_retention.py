@@ -15,7 +15,7 @@ from sqlalchemy import delete, event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import Schedules
-from ekbatan_fastapi.domain.records import ExecutionRecord
+from ekbatan_fastapi.domain.rows import ExecutionRecord
 from ekbatan_fastapi.engine import history as history_module
 from ekbatan_fastapi.engine.history import HistoryRecorder
 from ekbatan_fastapi.store.dialects import open_store
@@ -124,7 +124,7 @@ async def test_the_scheduler_prunes_the_history_off_the_housekeepers_round(
     await ops.insert_history(_records(30, 0))
     job = RecordingJob("kept", Schedules.fixed_delay(timedelta(hours=1)))
     registry = await any_registries.start(job)
-    assert "history retention" in registry.scheduler._tasks
+    assert "history retention" in registry.scheduler.lifecycle.tasks
 
     async def only_fresh() -> bool:
         h = ops.tables.history

@@ -20,12 +20,18 @@ from ekbatan_fastapi import (
     Schedules,
     create_schema,
 )
-from ekbatan_fastapi.domain.records import ExecutionRecord
-from ekbatan_fastapi.domain.rows import Finish, FinishKind, Owned, TaskRow
+from ekbatan_fastapi.domain.rows import ExecutionRecord, Finish, FinishKind, Owned, TaskRow
+from ekbatan_fastapi.store.database import Lease
 from ekbatan_fastapi.store.dialects import open_store
-from ekbatan_fastapi.store.lease import Lease
 
-from .helpers import CountingJob, RecordingJob, RegistryFactory, fail_writes, wait_until
+from .helpers import (
+    CountingJob,
+    RecordingJob,
+    RegistryFactory,
+    fail_writes,
+    revived_by_a_peer,
+    wait_until,
+)
 
 
 def _checked_out(engine: object) -> int:
@@ -99,7 +105,7 @@ async def test_history_of_a_stale_and_a_fresh_result_in_one_completion(
     job = RecordingJob("twice", Schedules.fixed_delay(timedelta(hours=1)))
     registry = await registries.start(job)
     database_back = fail_writes(registry.store.tasks)
-    await wait_until(lambda: len(job.slots) >= 2, timeout=10, what="the rerun after revival")
+    await revived_by_a_peer(registry, "twice", lambda: len(job.slots) >= 2)
     await wait_until(
         lambda: len(registry.scheduler.completer.pending) == 2, what="both results pending"
     )

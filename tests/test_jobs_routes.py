@@ -247,7 +247,12 @@ async def test_admin_routes_do_not_exist_without_a_dependency(
             response = await client.post(f"/jobs/ok-job/{action}")
             assert response.status_code in (404, 405)
         paths = (await client.get("/openapi.json")).json()["paths"]
-        assert set(paths) == {"/jobs", "/jobs/{name}", "/jobs/{name}/history"}
+        assert set(paths) == {
+            "/jobs",
+            "/jobs/{name}",
+            "/jobs/{name}/history",
+            "/jobs/{name}/schedules",  # read-only; its admin verbs need the dependency
+        }
 
 
 async def test_admin_dependency_refuses(engine: AsyncEngine, database_url: str) -> None:

@@ -208,6 +208,15 @@ async def test_default_lifespan_reads_settings_from_the_environment(
     async def whoami(request: Request) -> dict[str, str]:
         return {"scheduler": request.state.ekbatan.registry.status().name}
 
+    if "example_app.jobs" in sys.modules:
+        # Discovered too when another test module imported the example app (a pytest-xdist
+        # worker imports every module): its "demo" job runs at once and would fail, making
+        # /jobs answer 503 whenever it ran before the request. Its table, then.
+        from example_app.services import demo_metadata
+
+        async with engine.begin() as conn:
+            await conn.run_sync(demo_metadata.create_all)
+
     async with running(app) as client:
         state = state_of(app)
         assert state.settings.jobs.polling_interval == timedelta(milliseconds=100)
@@ -313,7 +322,7 @@ async def test_startup_does_not_wait_for_an_unreachable_database() -> None:
     app = tick_app("postgresql+asyncpg://app:pw@127.0.0.1:1/app")
     started = time.monotonic()
     async with running(app) as client:
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 10  # a wait for the database would never end
         response = await client.get("/jobs")
         assert response.status_code == 503
         body = response.json()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from ekbatan_fastapi.engine.link import DatabaseLink
 from ekbatan_fastapi.engine.observer import ObserverDispatch
+from ekbatan_fastapi.engine.poller import DatabaseLink
 from ekbatan_fastapi.testing import ManualClock
 
 

@@ -108,6 +108,7 @@ class Uvicorn:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 async def test_under_uvicorn_the_library_logs_in_uvicorns_format_with_time_and_logger(
     tmp_path: Path, database_url: str, engine: AsyncEngine
 ) -> None:
@@ -138,6 +139,7 @@ async def test_under_uvicorn_the_library_logs_in_uvicorns_format_with_time_and_l
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 async def test_under_gunicorn_with_uvicorn_workers_the_library_logs_in_gunicorns_format(
     tmp_path: Path, database_url: str, engine: AsyncEngine
 ) -> None:
@@ -159,6 +161,7 @@ async def test_under_gunicorn_with_uvicorn_workers_the_library_logs_in_gunicorns
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 async def test_under_uvicorn_an_app_without_jobs_warns_at_startup(
     tmp_path: Path, database_url: str, engine: AsyncEngine
 ) -> None:
@@ -173,6 +176,7 @@ async def test_under_uvicorn_an_app_without_jobs_warns_at_startup(
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 async def test_log_handler_none_leaves_logging_alone_under_uvicorn(
     tmp_path: Path, database_url: str, engine: AsyncEngine
 ) -> None:
@@ -366,8 +370,7 @@ async def test_rows_of_a_task_no_live_instance_knows_are_warned_about_once(
     assert found.getMessage().startswith("2 rows of task 'retired-report' have been due since ")
     assert "EKBATAN_JOBS__MODULES" in found.getMessage()
     assert found.task_name == "retired-report" and found.scheduler == registry.scheduler.name
-    housekeeper = registry.scheduler.housekeeper
-    await housekeeper.warn_unknown()  # a later round says nothing new
+    await registry.scheduler.maintenance.warn_unknown()  # a later round says nothing new
     await registry.stop()
     assert len(warnings()) == 1
     assert not [r for r in warnings() if "plain-noisy" in r.getMessage()]

@@ -14,7 +14,6 @@ from ekbatan_fastapi.domain.rows import Finish, FinishKind, NewTask, Owned, Poll
 from ekbatan_fastapi.store.dialects import open_store
 from ekbatan_fastapi.store.mysql import statements as mq
 from ekbatan_fastapi.store.mysql.tasks import owned_params
-from ekbatan_fastapi.store.probe import StoreProbe, probes
 
 from .conftest import Database
 from .helpers import is_mysql
@@ -34,11 +33,13 @@ KEYED = {
 }
 
 
-class _Sent(StoreProbe):
+class _Sent:
+    """The names of the statements a store sent to the driver (its ``on_statement``)."""
+
     def __init__(self) -> None:
         self.names: list[str] = []
 
-    def statement(self, name: str, sql: str) -> None:
+    def __call__(self, name: str, sql: str) -> None:
         self.names.append(name)
 
 
@@ -59,6 +60,7 @@ async def test_keyed_statements_use_only_the_primary_key(
     store: Any = open_store(any_engine, any_database.dialect).tasks
     owned = await _rows(store, 300)
     params = owned_params(owned[:50]) | {"picked_by": "me", "now": None}
+    params |= {"name": "k", "instances": [i for _, i, _ in owned[:50]]}
     async with any_engine.connect() as conn:
         plan = [
             r._mapping for r in await conn.execute(store.db.sql("EXPLAIN " + KEYED[name]), params)
@@ -77,15 +79,11 @@ async def test_hot_statements_go_to_the_driver(
     strategy = (
         PollingStrategy.LOCK_AND_FETCH if store.supports_skip_locked else PollingStrategy.FETCH
     )
-    sent = _Sent()
-    probes.add(sent)
-    try:
-        claimed = (await store.poll(["k"], 10, "me", strategy)).claimed
-        owned = [Owned(r.task_name, r.task_instance, r.version) for r in claimed]
-        assert await store.heartbeat(owned) == {o.key for o in owned}
-        done = await store.finish([Finish(o, FinishKind.DELETED) for o in owned])
-    finally:
-        probes.remove(sent)
+    sent = store.on_statement = _Sent()
+    claimed = (await store.poll(["k"], 10, "me", strategy)).claimed
+    owned = [Owned(r.task_name, r.task_instance, r.version) for r in claimed]
+    assert await store.heartbeat(owned) == {o.key for o in owned}
+    done = await store.finish([Finish(o, FinishKind.DELETED) for o in owned])
     assert done == {o.key for o in owned} and len(owned) == 5
     if store.supports_skip_locked:  # lock, claim, clock; lock the owned rows, beat them
         assert sent.names == ["poll", "claim", "poll", "heartbeat", "heartbeat", "finish"]

@@ -19,10 +19,9 @@ from sqlalchemy.pool import NullPool
 from ekbatan_fastapi import scheduled_tasks
 from ekbatan_fastapi.domain.rows import NewTask, PollingStrategy
 from ekbatan_fastapi.store.dialects import open_store
+from ekbatan_fastapi.store.migrate import create_schema
 from ekbatan_fastapi.store.mysql.names import NAMES_TABLE_MIN
 from ekbatan_fastapi.store.mysql.statements import NAMES_TABLE_PREFIX
-from ekbatan_fastapi.store.probe import StoreProbe, probes
-from ekbatan_fastapi.store.tables import create_schema
 
 from .conftest import Database
 from .helpers import db_now
@@ -31,11 +30,13 @@ NAMES = [f"job-{i:04d}" for i in range(NAMES_TABLE_MIN + 100)]
 OTHERS = [f"other-{i:04d}" for i in range(NAMES_TABLE_MIN)]
 
 
-class _Sent(StoreProbe):
+class _Sent:
+    """The statements a store sent to the driver (its ``on_statement``)."""
+
     def __init__(self) -> None:
         self.texts: list[tuple[str, str]] = []
 
-    def statement(self, name: str, sql: str) -> None:
+    def __call__(self, name: str, sql: str) -> None:
         self.texts.append((name, sql))
 
 
@@ -82,15 +83,11 @@ async def test_many_names_are_read_from_a_table_of_the_session(
     statements carry no list of names, and the session holds one table of all the names."""
     store: Any = open_store(one_connection, any_database.dialect).tasks
     await _due(store, one_connection, [*NAMES[:30], *OTHERS[:20]])
-    sent = _Sent()
-    probes.add(sent)
-    try:
-        for strategy in _strategies(store):
-            result = await store.poll(NAMES, 50, "me", strategy)
-            assert sorted(r.task_name for r in result.claimed) == NAMES[:30], strategy
-            await store.release_orphans("me", set(), timedelta(0))
-    finally:
-        probes.remove(sent)
+    sent = store.on_statement = _Sent()
+    for strategy in _strategies(store):
+        result = await store.poll(NAMES, 50, "me", strategy)
+        assert sorted(r.task_name for r in result.claimed) == NAMES[:30], strategy
+        await store.release_orphans("me", set(), timedelta(0))
     tables = await _session_tables(one_connection)
     assert len(tables) == 1 and tables[0][1] == len(NAMES), tables
     assert all(":names" not in sql for _, sql in sent.texts), sent.texts
@@ -203,12 +200,8 @@ async def test_without_a_pool_the_names_stay_in_the_text(any_database: Database)
         await create_schema(engine)
         store: Any = open_store(engine, any_database.dialect).tasks
         await _due(store, engine, NAMES[:2])
-        sent = _Sent()
-        probes.add(sent)
-        try:
-            result = await store.poll(NAMES, 50, "me", _strategies(store)[-1])
-        finally:
-            probes.remove(sent)
+        sent = store.on_statement = _Sent()
+        result = await store.poll(NAMES, 50, "me", _strategies(store)[-1])
         assert len(result.claimed) == 2
         assert all(NAMES_TABLE_PREFIX not in sql for _, sql in sent.texts)
     finally:
@@ -248,7 +241,9 @@ async def test_an_idle_poll_over_the_names_table_reads_a_few_rows(
         plans = [
             r._mapping
             for sql in polls
-            for r in await conn.execute(text("EXPLAIN " + sql.text), {"limit": 50})
+            for r in await conn.execute(
+                text("EXPLAIN " + sql.text), {"limit": 50, "picked_by": "me"}
+            )
         ]
         await conn.rollback()
     assert result.claimed == [] and result.next_due == now + timedelta(hours=1)
@@ -303,8 +298,40 @@ def test_each_statement_opens_each_names_table_once() -> None:
             texts += [
                 mq.candidates("t", p, due, k, k2),
                 mq.lock_due("t", p, due, k),
-                mq.clock("t", p, k),
+                mq.clock("t", p, k, k2),
             ]
     for sql in texts:
         tables = re.findall(rf"\b{NAMES_TABLE_PREFIX}x(?:_b)?\b", sql)
         assert tables and len(tables) == len(set(tables)), sql
+
+
+async def test_a_poll_over_the_names_table_reports_the_rows_peers_hold(
+    any_database: Database, one_connection: AsyncEngine
+) -> None:
+    """With the names in a table, a lock-and-fetch poll still reports the rows of its names
+    other instances hold (``PollResult.held``), read from the twin table: a survivor learns
+    a held recurring row's next slot and wakes for it (issue #32), as with fewer names."""
+    store: Any = open_store(one_connection, any_database.dialect).tasks
+    if not store.supports_skip_locked:
+        pytest.skip("lock-and-fetch (SKIP LOCKED) only")
+    now = await db_now(one_connection)
+    await store.insert_missing(
+        [
+            NewTask(NAMES[5], "recurring", now - timedelta(seconds=1)),
+            NewTask(OTHERS[1], "foreign", now - timedelta(seconds=1)),
+        ]
+    )
+    async with one_connection.begin() as conn:
+        await conn.execute(
+            update(scheduled_tasks)
+            .where(scheduled_tasks.c.task_instance.in_(["recurring", "foreign"]))
+            .values(picked=True, picked_by="peer", last_heartbeat=now, version=2)
+        )
+    sent = _Sent()
+    store.on_statement = sent
+    result = await store.poll(NAMES, 50, "me", PollingStrategy.LOCK_AND_FETCH, skip_paused=True)
+    assert result.claimed == []
+    assert [name for name, _ in result.held] == [NAMES[5]], "only our names' held rows"
+    assert any(NAMES_TABLE_PREFIX in sql for _, sql in sent.texts), "read from the names table"
+    mine = await store.poll(NAMES, 50, "peer", PollingStrategy.LOCK_AND_FETCH, skip_paused=True)
+    assert mine.held == (), "an instance's own rows are not held by others"

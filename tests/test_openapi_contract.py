@@ -2,8 +2,9 @@
 
 A job named ``ui`` is a job (the dashboard is at ``/jobs/-/ui``); the name limits are in the
 schema; every 422 has the documented ``HTTPValidationError`` shape; the admin routes document
-their 401/403. The last test runs schemathesis (a bounded, seeded run, every check) against
-the example app served by uvicorn, with the admin token.
+their 401/403. The last tests run schemathesis (a bounded, seeded run, every check) against
+the example app served by uvicorn, with the admin token on every database (and issue 27's
+cross-site curl, refused), and without it on one.
 """
 
 from __future__ import annotations
@@ -130,18 +131,21 @@ async def test_the_schema_states_the_name_limits_and_the_admin_refusals(
     for method, path in [*ADMIN_OPERATIONS, ("post", "/jobs/{name}/resume")]:
         responses = paths[path][method]["responses"]
         assert {"401", "403", "404", "422", "503"} <= responses.keys(), (path, responses)
-    assert "400" in paths["/jobs/{name}/pause"]["post"]["responses"]
+    # Every bad pause body is a 422 naming what is wrong (not 400 or 500: issue 27)
+    assert "400" not in paths["/jobs/{name}/pause"]["post"]["responses"]
     error = paths["/jobs/{name}"]["get"]["responses"]["404"]["content"]["application/json"]
     assert error["schema"] == {"$ref": "#/components/schemas/ErrorMessage"}
 
 
-def schemathesis_run(base_url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``st run`` with the admin token, every check, 25 examples per operation and a fixed
-    seed."""
+def schemathesis_run(
+    base_url: str, cwd: Path, *, token: str | None = TOKEN
+) -> subprocess.CompletedProcess[str]:
+    """``st run`` with the admin token (or none: every admin route then refuses), every
+    check, 25 examples per operation and a fixed seed."""
     return subprocess.run(
         [
             *(sys.executable, "-m", "schemathesis.cli", "run", f"{base_url}/openapi.json"),
-            *("--header", f"X-Admin-Token: {TOKEN}"),
+            *(("--header", f"X-Admin-Token: {token}") if token else ()),
             # Else it also sends a broken Authorization header next to the valid token and
             # calls the 200 a flaw, although either scheme authorizes (OpenAPI: any one of
             # the security requirements). Refusals are still probed: no or bad credentials.
@@ -159,10 +163,29 @@ def schemathesis_run(base_url: str, cwd: Path) -> subprocess.CompletedProcess[st
     )
 
 
+def issue_curl(url: str, cwd: Path) -> tuple[str, str]:
+    """``curl -X POST -u a:TOKEN -H 'Origin: http://evil.example' --data '' <url>``: the
+    status and the body."""
+    body = cwd / "curl-body.json"
+    done = subprocess.run(
+        [
+            *("curl", "-sS", "-X", "POST", "-u", f"a:{TOKEN}"),
+            *("-H", "Origin: http://evil.example", "--data", ""),
+            *("-o", str(body), "-w", "%{http_code}", url),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return done.stdout.strip(), body.read_text()
+
+
 # The example app reads its database from the environment, which cannot select mysql5.
 @pytest.mark.parametrize(
     "any_database", ["postgresql-embedded", "postgresql", "mysql"], indirect=True
 )
+@pytest.mark.multiprocess
 async def test_schemathesis_finds_no_contract_failure_in_the_example_app(
     tmp_path: Path, any_database_url: str
 ) -> None:
@@ -172,6 +195,9 @@ async def test_schemathesis_finds_no_contract_failure_in_the_example_app(
         async with httpx.AsyncClient(timeout=10) as http:
             await node.wait_ready(http, timeout=30)
             index = (await http.get(f"{node.base_url}/")).json()
+            paths = (await http.get(f"{node.base_url}/openapi.json")).json()["paths"]
+            assert {f"/jobs/{{name}}/{a}" for a in ("run", "pause", "resume")} <= paths.keys()
+            operations = sum(len(methods) for methods in paths.values())
             assert index["links"]["dashboard"] == "/jobs/-/ui"
             page = await http.get(f"{node.base_url}/jobs/-/ui")
             assert page.headers["content-type"].startswith("text/html")
@@ -183,14 +209,56 @@ async def test_schemathesis_finds_no_contract_failure_in_the_example_app(
                 assert (await http.post(resume, headers=headers)).status_code == status
             signed_in = await http.post(resume, auth=("alice", TOKEN))  # the dashboard's way
             assert signed_in.status_code == 200, signed_in.text
+            # Issue 27's curl, as it was typed: a cross-site request is refused.
+            status, body = await asyncio.to_thread(
+                issue_curl, f"{node.base_url}/jobs/demo/pause", tmp_path
+            )
+            assert status == "403" and "cross-site request refused" in body, (status, body)
+            demo = (await http.get(f"{node.base_url}/jobs/demo")).json()
+            assert demo["paused"] == [], demo
         result = await asyncio.to_thread(schemathesis_run, node.base_url, tmp_path)
     finally:
         code = await node.stop()
     report = result.stdout + result.stderr
     assert result.returncode == 0, f"{report}\n--- the app's log:\n{node.log()}"
-    assert "No issues found" in report, report
+    # The one warning allowed: the example app has no PersistentScheduleJob and nothing running
+    # while it is fuzzed, so the cancel and schedule routes answer 404 to every generated name
+    # (their own tests: tests/test_schedule_routes.py, tests/test_cancel_running.py).
+    # How many of those four operations the fuzzer reaches with a generated name varies by run.
+    allowed = re.search(r"Missing test data: [1-4] operations? repeatedly returned 404", report)
+    assert "No issues found" in report or (
+        "Failures" not in report and allowed is not None and "1 warning in" in report
+    ), report
     generated = re.search(r"(\d+) generated, (\d+) passed", report)
     assert generated is not None, report
     assert int(generated[1]) >= 300 and generated[1] == generated[2], report
     assert " 0 passed" not in report  # every phase ran
+    # every operation of the schema was tested, the admin routes included
+    assert f"Selected: {operations}/{operations}" in report, report
+    assert re.search(rf"Tested: {operations}\b", report), report
+    assert code == 0, node.log()
+
+
+@pytest.mark.multiprocess
+async def test_schemathesis_without_the_admin_token(tmp_path: Path, database_url: str) -> None:
+    """The same run signed out: no server error, no contract failure; its one warning says
+    that the admin routes refused every request (401), as they must."""
+    env = example_env(EXAMPLE_ADMIN_TOKEN=TOKEN, **{f"{SLOT_ENV}__URL": database_url})
+    node = ExampleProcess(tmp_path, env)
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            await node.wait_ready(http, timeout=30)
+        result = await asyncio.to_thread(schemathesis_run, node.base_url, tmp_path, token=None)
+    finally:
+        code = await node.stop()
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, f"{report}\n--- the app's log:\n{node.log()}"
+    assert "1 warning in" in report and "Failures" not in report, report
+    # the admin operations: run, pause, resume, cancel, and a schedule's PUT, PATCH, DELETE
+    assert "7 operations returned only 401/403 responses" in report, report
+    for action in ("run", "pause", "resume", "cancel"):
+        assert f"POST /jobs/{{name}}/{action}" in report, report
+    generated = re.search(r"(\d+) generated, (\d+) passed", report)
+    assert generated is not None and generated[1] == generated[2], report
+    assert int(generated[1]) >= 300, report
     assert code == 0, node.log()

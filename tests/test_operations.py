@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import types
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,7 +25,7 @@ from ekbatan_fastapi.domain.rows import Finish, FinishKind, Owned, TaskRow
 from ekbatan_fastapi.engine.execution import Execution
 from ekbatan_fastapi.engine.history import HistoryRecorder
 
-from .helpers import CountingJob, RecordingJob, RegistryFactory, is_mysql, wait_until
+from .helpers import CountingJob, Polls, RecordingJob, RegistryFactory, is_mysql, wait_until
 
 # Runs on every available database (see conftest's any_* fixtures).
 
@@ -104,13 +105,16 @@ async def test_paused_task_is_claimed_by_no_instance_until_resumed(
     any_registries: RegistryFactory,
 ) -> None:
     jobs = [RecordingJob("paced", Schedules.fixed_delay(timedelta(milliseconds=50))) for _ in "ab"]
-    first = await any_registries.start(jobs[0])
+    polls = [Polls(), Polls()]
+    first = await any_registries.start(jobs[0], customize=lambda b: b.observer(polls[0]))
     await wait_until(lambda: len(jobs[0].slots) >= 1, what="a first run")
     await first.client.pause("paced", "maintenance window", paused_by="alice")
-    second = await any_registries.start(jobs[1])  # a new instance sees the pause too
-    await asyncio.sleep(0.2)  # in-flight runs drain
+    # a new instance sees the pause too
+    second = await any_registries.start(jobs[1], customize=lambda b: b.observer(polls[1]))
+    await polls[0].next(2)  # the first may have begun before the pause: its runs start
     before = len(jobs[0].slots) + len(jobs[1].slots)
-    await asyncio.sleep(0.4)
+    for seen in polls:
+        assert await seen.next(2) == 0, "a paused task was claimed"
     assert len(jobs[0].slots) + len(jobs[1].slots) == before, "a paused task ran"
     pause = (await second.client.paused())["paced"]
     assert (pause.paused_by, pause.reason) == ("alice", "maintenance window")
@@ -171,7 +175,8 @@ async def test_resume_runs_an_overdue_slot_once_or_skips_it(
 ) -> None:
     catch_up = RecordingJob("catch-up", Schedules.fixed_rate(timedelta(hours=1)))
     skip = RecordingJob("skip", Schedules.fixed_rate(timedelta(hours=1)))
-    registry = any_registries.build(catch_up, skip)
+    polls = Polls()
+    registry = any_registries.build(catch_up, skip, customize=lambda b: b.observer(polls))
     for name in ("catch-up", "skip"):
         await registry.client.pause(name)
     await registry.start()
@@ -183,7 +188,7 @@ async def test_resume_runs_an_overdue_slot_once_or_skips_it(
     await registry.client.resume("catch-up")
     await registry.client.resume("skip", skip_missed=True)
     await wait_until(lambda: len(catch_up.slots) == 1, what="the overdue slot")
-    await asyncio.sleep(0.2)
+    assert await polls.next(2) == 0
     assert skip.slots == []
     moved = await registry.client.get("skip", "recurring")
     assert moved is not None
@@ -235,6 +240,7 @@ class _Ops:
     time."""
 
     present = True
+    presence = types.SimpleNamespace(present=True)
 
     def __init__(self) -> None:
         self.inserts: list[tuple[int, float]] = []
@@ -245,7 +251,20 @@ class _Ops:
 
 def _finished(n: int) -> tuple[Any, Any]:
     now = datetime.now(UTC)
-    row = TaskRow("t", f"i{n}", None, now, True, "me", None, None, 0, now, 2, 0)
+    row = TaskRow(
+        task_name="t",
+        task_instance=f"i{n}",
+        task_data=None,
+        execution_time=now,
+        picked=True,
+        picked_by="me",
+        last_success=None,
+        last_failure=None,
+        consecutive_failures=0,
+        last_heartbeat=now,
+        version=2,
+        priority=0,
+    )
     heartbeat = HeartbeatState(timedelta(seconds=1), timedelta(seconds=4))
     execution = Execution(row, CountingJob(), heartbeat, now)
     return execution, Finish(Owned("t", f"i{n}", 2), FinishKind.DELETED)

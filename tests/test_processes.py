@@ -17,7 +17,7 @@ from .conftest import Database
 from .helpers import Worker, db_now, wait_until
 from .proc_worker import LEDGERS, ledger, starts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 
 def _worker_args(database: Database) -> list[str]:
@@ -37,6 +37,7 @@ async def test_three_processes_run_each_200ms_slot_exactly_once(
         *(Worker.start("slots", any_database.url, *args) for _ in range(3))
     )
     try:
+        started = await db_now(any_engine)  # every worker is READY: the soak starts here
         await asyncio.sleep(10)  # the 10 s window: a soak, not a timing assertion
         stopping = await db_now(any_engine)
     finally:
@@ -53,8 +54,8 @@ async def test_three_processes_run_each_200ms_slot_exactly_once(
     assert row.last_failure is None and not row.picked
     assert pids <= {w.pid for w in workers}
     period = timedelta(milliseconds=200)
-    # the workers stop one after another: slots due while they do are not the soak's
-    slots = [slot for slot in slots if slot < stopping]
+    # the workers start and stop one after another: slots due while they do are not the soak's
+    slots = [slot for slot in slots if started <= slot < stopping]
     gaps = [b - a for a, b in itertools.pairwise(slots)]
     assert all(g % period == timedelta(0) for g in gaps), "slots left the fixed-rate grid"
     missed = sum(g // period - 1 for g in gaps)
@@ -74,6 +75,7 @@ async def test_three_processes_claiming_ahead_start_each_slot_once_and_never_ear
         *(Worker.start("slots", any_database.url, *args) for _ in range(3))
     )
     try:
+        started = await db_now(any_engine)  # every worker is READY: the soak starts here
         await asyncio.sleep(6)  # a soak, not a timing assertion
         stopping = await db_now(any_engine)
     finally:
@@ -83,7 +85,7 @@ async def test_three_processes_claiming_ahead_start_each_slot_once_and_never_ear
         rows = (await conn.execute(select(ledger).order_by(ledger.c.slot))).all()
         picked = (await conn.execute(select(scheduled_tasks.c.picked))).scalar_one()
     assert not picked
-    rows = [r for r in rows if r.slot < stopping]
+    rows = [r for r in rows if started <= r.slot < stopping]
     period = timedelta(milliseconds=200)
     gaps = [b.slot - a.slot for a, b in itertools.pairwise(rows)]
     assert all(g % period == timedelta(0) for g in gaps), "slots left the fixed-rate grid"

@@ -40,7 +40,7 @@ async def test_start_returns_promptly_while_the_database_is_unreachable_then_wor
     assert registry.store.dialect.name == any_database.dialect
     began = time.monotonic()
     await registry.start()
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 5  # a wait for the database would last until it is up
     await wait_until(lambda: registry.status().database_reachable is False, what="an error")
     status = registry.status()
     assert not status.ready and status.last_error and "startup" in status.last_error
@@ -176,7 +176,8 @@ async def test_wrong_local_clock_neither_runs_early_nor_declares_peers_dead(
     await wait_until(lambda: job.runs["soon"] == 1, what="the scheduled run")
     ran_at = await db_now(any_engine)
     assert ran_at >= due, "ran before it was due on the database clock"
-    assert ran_at - due < timedelta(seconds=1), "a slow clock must not delay the run"
+    # the skew is an hour: a run delayed by the slow clock would come an hour late
+    assert ran_at - due < timedelta(seconds=30), "a slow clock must not delay the run"
     await asyncio.sleep(1.2)  # longer than the dead window (0.1 s x 10)
     assert len(long_job.slots) == 1 and long_job.contexts[0].heartbeat_state.failed_heartbeats == 0
     async with any_engine.connect() as conn:

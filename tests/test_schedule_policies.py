@@ -20,8 +20,8 @@ from ekbatan_fastapi import (
 )
 from ekbatan_fastapi.domain.backfill import backfill_instance, backfill_slot, backfill_slots
 from ekbatan_fastapi.domain.catchup import next_after_run, plan
-from ekbatan_fastapi.domain.records import JobDefinition
 from ekbatan_fastapi.domain.rollout import compare_versions, decide
+from ekbatan_fastapi.domain.rows import JobDefinition
 
 NOW = datetime(2026, 12, 1, 10, 5, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -36,7 +36,7 @@ HOUR = timedelta(hours=1)
         Schedules.cron("0 * * * *", zone="Europe/Berlin"),
         Schedules.daily(time(2, 30), zone="America/New_York"),
         Schedules.fixed_rate(timedelta(minutes=1)),
-        Schedules.cron("*/2 * * * * *"),
+        Schedules.cron("*/2 * * * * *", seconds=True),
     ],
     ids=["cron", "daily", "fixed-rate", "cron-seconds"],
 )
@@ -204,7 +204,12 @@ def test_backfill_slots_are_the_schedules_slots_in_the_window() -> None:
     [
         (Schedules.fixed_delay(HOUR), NOW - HOUR, NOW, "no fixed slots to backfill"),
         (Schedules.cron("0 * * * *"), NOW, NOW - HOUR, "must be after its start"),
-        (Schedules.cron("* * * * * *"), NOW - 12 * HOUR, NOW, "more than 10000 slots"),
+        (
+            Schedules.cron("* * * * * *", seconds=True),
+            NOW - 12 * HOUR,
+            NOW,
+            "more than 10000 slots",
+        ),
     ],
 )
 def test_bad_backfill_windows_are_refused(

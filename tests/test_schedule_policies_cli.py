@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -12,6 +13,8 @@ from .conftest import Database
 from .helpers import RegistryFactory, db_now, wait_until
 from .plan_jobs import A, B, Rolling
 from .test_cli import cli, target
+
+pytestmark = pytest.mark.multiprocess
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 ENV = {"PYTHONPATH": ROOT}

@@ -31,7 +31,7 @@ from ekbatan_fastapi import (
 from ekbatan_fastapi.store.tables import Tables
 
 from .conftest import Database
-from .helpers import RecordingJob, RegistryFactory, Worker, db_now, wait_until
+from .helpers import Polls, RecordingJob, RegistryFactory, Worker, db_now, wait_until
 
 HOUR = timedelta(hours=1)
 
@@ -156,7 +156,8 @@ async def test_catch_up_all_beyond_max_slots_skips_the_oldest_and_records_them(
     await wait_until(lambda: len(job.slots) == 3, what="the newest three slots")
     assert job.slots == [row + 3 * HOUR, row + 4 * HOUR, row + 5 * HOUR]
     await wait_until(lambda: _counted(registry, "billing", (0, 2, 3)), what="counted")
-    history = await _history_of(any_engine, "billing", 4)
+    history = await _history_of(any_engine, "billing", 7)  # 3 runs, 1 decision, 3 named
+    assert [o for o, _, _ in history].count("missed") == 3
     skipped = [(t, m) for o, t, m in history if o == "skipped"]
     assert len(skipped) == 1 and _same(skipped[0][0], row)
     assert skipped[0][1] is not None and "skipped 3 slots" in skipped[0][1]
@@ -173,7 +174,12 @@ async def test_catch_up_latest_runs_once_and_counts_the_coalesced_slots(
     await wait_until(lambda: _counted(registry, "billing", (5, 0, 0)), what="counted")
     assert job.slots == [row], "db-scheduler's behaviour: one run, of the overdue slot"
     assert await _row_time(any_engine, "billing") == row + 6 * HOUR
-    assert [o for o, _, _ in await _history_of(any_engine, "billing", 1)] == ["succeeded"]
+    history = await _history_of(any_engine, "billing", 6)
+    assert [o for o, _, _ in history if o != "missed"] == ["succeeded"]
+    # each coalesced slot is named (record_missed_slots, on by default: test_missed_slots.py)
+    named = [t for o, t, _ in history if o == "missed"]
+    assert len(named) == 5
+    assert all(_same(t, row + k * HOUR) for k, t in enumerate(named, 1))
 
 
 async def test_catch_up_skip_runs_the_slot_within_grace_and_skips_the_rest(
@@ -184,8 +190,9 @@ async def test_catch_up_skip_runs_the_slot_within_grace_and_skips_the_rest(
     registry = await any_registries.start(job)
     await wait_until(lambda: _counted(registry, "billing", (0, 0, 5)), what="counted")
     assert job.slots == [row + 5 * HOUR]
-    outcomes = [o for o, _, _ in await _history_of(any_engine, "billing", 2)]
-    assert sorted(outcomes) == ["skipped", "succeeded"]
+    outcomes = [o for o, _, _ in await _history_of(any_engine, "billing", 7)]
+    assert sorted(o for o in outcomes if o != "missed") == ["skipped", "succeeded"]
+    assert outcomes.count("missed") == 5, "each skipped slot named too"
 
 
 async def test_catch_up_skip_past_grace_runs_nothing_and_schedules_the_next_slot(
@@ -200,10 +207,10 @@ async def test_catch_up_skip_past_grace_runs_nothing_and_schedules_the_next_slot
     stored = await registry.client.get("billing", "recurring")
     assert stored is not None and stored.consecutive_failures in (None, 0)
     assert stored.last_success is None, "a skip is not a run: the counters stay"
-    history = await _history_of(any_engine, "billing", 1)
-    assert [(o, m is not None and "found later than the grace" in m) for o, _, m in history] == [
-        ("skipped", True)
-    ]
+    history = await _history_of(any_engine, "billing", 7)
+    decided = [(o, m is not None and "found later than the grace" in m) for o, _, m in history]
+    assert [d for d in decided if d[0] != "missed"] == [("skipped", True)]
+    assert [o for o, _, _ in history].count("missed") == 6, "each skipped slot named too"
 
 
 async def test_slot_counts_show_on_jobs_and_in_metrics(
@@ -230,7 +237,7 @@ def _same(a: datetime, b: datetime) -> bool:
 async def test_jittered_slots_run_after_their_offset_with_the_nominal_execution_time(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
-    schedule = Schedules.cron("* * * * * *").with_jitter(timedelta(milliseconds=400))
+    schedule = Schedules.cron("* * * * * *", seconds=True).with_jitter(timedelta(milliseconds=400))
     job = RecordingJob("jittered", schedule)
     registry = await any_registries.start(job)
     await wait_until(lambda: len(job.slots) >= 3, what="three jittered runs")
@@ -278,7 +285,8 @@ async def test_backfill_of_a_paused_job_is_refused_unless_forced_and_waits_for_r
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     job = RecordingJob("billing", Schedules.cron("0 * * * *"))
-    registry = await any_registries.start(job)
+    polls = Polls()
+    registry = await any_registries.start(job, customize=lambda b: b.observer(polls))
     client = registry.client
     await client.pause("billing", reason="migration")
     now = await db_now(any_engine)
@@ -290,8 +298,8 @@ async def test_backfill_of_a_paused_job_is_refused_unless_forced_and_waits_for_r
     assert (await client.backfill_counts()) == {"billing": 2}
     views = {v.name: v for v in await _views(registry)}
     assert views["billing"].backfill_pending == 2, "visible on /jobs while it waits"
-    await asyncio.sleep(0.5)
-    assert job.slots == [], "paused: the backfill waits"
+    assert await polls.next(2) == 0, "paused: the backfill waits"
+    assert job.slots == []
     await client.resume("billing")
     await wait_until(lambda: len(job.slots) == 2, what="the backfill after resume")
 
@@ -361,6 +369,7 @@ async def _run_once(database: Database, version: str, schedule: str) -> None:
     assert await worker.stop() == 0
 
 
+@pytest.mark.multiprocess
 async def test_processes_of_two_versions_started_alternately_move_the_row_once(
     any_database: Database, any_engine: AsyncEngine
 ) -> None:
@@ -417,14 +426,9 @@ async def test_an_older_instance_runs_by_the_newer_schedule_and_follows_a_later_
 
 
 async def _views(registry: JobRegistry) -> list[Any]:
-    from ekbatan_fastapi.web.report import job_views
+    from ekbatan_fastapi.client.read_model import ReadModel
 
-    class _State:
-        client = registry.client
-
-    state = _State()
-    state.registry = registry  # type: ignore[attr-defined]
-    return await job_views(state, None, [])  # type: ignore[arg-type]
+    return list(await ReadModel.of(registry.client, registry.scheduler).job_views())
 
 
 async def test_one_version_two_schedules_keeps_the_stored_one_and_warns(
@@ -521,6 +525,11 @@ async def test_a_failing_look_for_a_newer_schedule_still_records_the_run(
         raise RuntimeError("definitions broke")
 
     registry.scheduler.definitions.refresh = broken  # type: ignore[method-assign]
+    # a re-read is due before each recording (the housekeeper's own re-reads, which would
+    # put it off by a second, leave it due)
+    definitions = registry.scheduler.definitions
+    definitions._mark_refreshed = lambda at: None  # type: ignore[method-assign]
+    definitions.fresh_until = 0.0
     with caplog.at_level(logging.ERROR, logger="ekbatan_fastapi"):
         await wait_until(lambda: len(job.slots) >= 3, what="runs recorded and run again")
     assert "could not look for a newer stored schedule of steady/recurring" in caplog.text

@@ -21,6 +21,8 @@ from ekbatan_fastapi.domain.schedules import (
     parse_schedule,
 )
 
+from .helpers import examples
+
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
 
@@ -227,13 +229,13 @@ def test_cron_five_fields() -> None:
 
 
 def test_cron_six_fields_put_seconds_first() -> None:
-    every_five_minutes = Schedules.cron("0 */5 * * * *")
+    every_five_minutes = Schedules.cron("0 */5 * * * *", seconds=True)
     assert run(every_five_minutes, utc(2026, 1, 1, 12, 0, 1), 3) == [
         utc(2026, 1, 1, 12, 5),
         utc(2026, 1, 1, 12, 10),
         utc(2026, 1, 1, 12, 15),
     ]
-    second_thirty = Schedules.cron("30 * * * * *")
+    second_thirty = Schedules.cron("30 * * * * *", seconds=True)
     assert run(second_thirty, utc(2026, 1, 1, 12), 2) == [
         utc(2026, 1, 1, 12, 0, 30),
         utc(2026, 1, 1, 12, 1, 30),
@@ -294,7 +296,7 @@ def test_cron_new_york_gap() -> None:
 
 
 @given(st.datetimes(min_value=datetime(2026, 1, 1), max_value=datetime(2027, 1, 1)))
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 def test_daily_and_cron_agree_in_a_dst_zone(naive: datetime) -> None:
     now = naive.replace(tzinfo=UTC)
     daily = Schedules.daily(time(2, 30), time(14), zone=BERLIN)
@@ -402,7 +404,7 @@ def test_end_of_calendar_is_a_schedule_error(schedule: Schedule) -> None:
         ("daily|7:05:30|UTC", Daily((time(7, 5, 30),))),
         ("CRON|0 2 * * *", Cron("0 2 * * *")),
         ("CRON|0 2 * * *|UTC", Cron("0 2 * * *")),
-        ("cron|0 */5 * * * *|Europe/Berlin", Cron("0 */5 * * * *", BERLIN)),
+        ("cron|0 */5 * * * *|Europe/Berlin", Cron("0 */5 * * * *", BERLIN, seconds=True)),
         ("-", Disabled()),
         ("  -  ", Disabled()),
     ],
@@ -499,7 +501,7 @@ def _parses_or_schedule_error(text: str) -> None:
             assert schedule.next_execution_time(slot, slot) > slot
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text())
 def test_fuzz_parse_schedule_any_text(text: str) -> None:
     _parses_or_schedule_error(text)
@@ -540,19 +542,19 @@ def _mutated(draw: st.DrawFn) -> str:
     return text
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.one_of([st.from_regex(pattern, fullmatch=True) for pattern in _NEAR_VALID]))
 def test_fuzz_parse_schedule_near_valid_text(text: str) -> None:
     _parses_or_schedule_error(text)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(_mutated())
 def test_fuzz_parse_schedule_mutated_valid_text(text: str) -> None:
     _parses_or_schedule_error(text)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     kind=st.sampled_from(["FIXED_DELAY", "FIXED_RATE", "DAILY", "CRON"]),
     rest=st.lists(st.text(max_size=12), min_size=1, max_size=3),

@@ -1,4 +1,5 @@
-"""The MySQL and MariaDB migrations and the exported MetaData describe the same tables.
+"""The MySQL/MariaDB migrations (one folder: the same DDL) and the exported MetaData describe
+the same tables.
 
 Runs on the server named by EKBATAN_TEST_MYSQL_URL (skipped without it), like
 ``test_schema.py`` does for PostgreSQL.
@@ -10,11 +11,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from ekbatan_fastapi import create_schema
+from ekbatan_fastapi import create_schema, metadata
+from ekbatan_fastapi.store.tables import Tables
 
 from .conftest import fresh_mysql_database
 
@@ -26,6 +27,8 @@ TABLES = (
     "ekbatan_scheduler_instances",
     "ekbatan_jobs",
     "ekbatan_trace_context",
+    "ekbatan_cancel_requests",
+    "ekbatan_missed_streaks",
 )
 
 
@@ -61,13 +64,18 @@ def _statements(path: Path) -> list[str]:
     return [s for s in "\n".join(lines).split(";") if s.strip()]
 
 
-async def _built(url: str, migrations: list[Path] | None) -> tuple[dict[str, Any], dict[str, str]]:
+async def _built(url: str, migrations: list[Path] | str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tables made by ``create_schema``, by the exported ``metadata`` or by the files."""
     engine = create_async_engine(url)
     try:
-        if migrations is None:
+        if migrations == "create_schema":
             assert await create_schema(engine) is True
             assert await create_schema(engine) is False  # idempotent
+        elif migrations == "metadata":
+            async with engine.begin() as conn:
+                await conn.run_sync(metadata.create_all)
         else:
+            assert isinstance(migrations, list)
             async with engine.begin() as conn:
                 for migration in migrations:
                     for statement in _statements(migration):
@@ -82,15 +90,25 @@ def _column(ddl: str, column: str, sql_type: str) -> None:
     assert re.search(line, ddl, re.MULTILINE), (column, ddl)
 
 
-@pytest.mark.parametrize("dialect", ["mysql", "mariadb"])
-async def test_migrations_and_metadata_agree(mysql_server_url: str, dialect: str) -> None:
-    migrations = sorted((MIGRATIONS / dialect).glob("V*.sql"))
-    assert [m.name[:5] for m in migrations] == ["V0001", "V0002", "V0003", "V0004", "V0005"]
+async def test_migrations_and_metadata_agree(mysql_server_url: str) -> None:
+    migrations = sorted((MIGRATIONS / "mysql").glob("V*.sql"))
+    assert [m.name[:5] for m in migrations] == [
+        "V0001",
+        "V0002",
+        "V0003",
+        "V0004",
+        "V0005",
+        "V0006",
+        "V0007",
+    ]
     async with fresh_mysql_database(mysql_server_url) as url:
-        from_metadata = await _built(url, None)
+        from_metadata = await _built(url, "metadata")
+    async with fresh_mysql_database(mysql_server_url) as url:
+        from_create_schema = await _built(url, "create_schema")
     async with fresh_mysql_database(mysql_server_url) as url:
         from_migration = await _built(url, migrations)
     assert from_migration == from_metadata
+    assert from_create_schema == from_migration
     described, ddl = from_metadata
     assert tuple(sorted(described)) == tuple(sorted(TABLES))
     tasks = described["scheduled_tasks"]
@@ -144,3 +162,26 @@ async def test_operations_tables_have_the_documented_types(mysql_server_url: str
     assert described["ekbatan_paused_tasks"]["pk"] == ["task_name"]
     assert described["ekbatan_scheduler_instances"]["pk"] == ["name"]
     assert described["ekbatan_execution_history"]["pk"] == ["id"]
+
+
+async def test_create_schema_names_a_renamed_table_as_the_metadata_does(
+    mysql_server_url: str,
+) -> None:
+    async with fresh_mysql_database(mysql_server_url) as url:
+        engine = create_async_engine(url)
+        try:
+            assert await create_schema(engine, "My_tasks", operations=False) is True
+            assert await create_schema(engine, "My_tasks") is True  # ours, beside it
+            created = await _state(engine)
+        finally:
+            await engine.dispose()
+    async with fresh_mysql_database(mysql_server_url) as url:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                await conn.run_sync(Tables("My_tasks").meta.create_all)
+            from_metadata = await _state(engine)
+        finally:
+            await engine.dispose()
+    assert created == from_metadata
+    assert "KEY `My_tasks_ekbatan_task_name_priority_idx`" in created[1]["My_tasks"]

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import Schedules
 
-from .helpers import RecordingJob, RegistryFactory
+from .helpers import Polls, RecordingJob, RegistryFactory
 
 
 async def _rows(engine: AsyncEngine) -> list[tuple[str, str, datetime, bool, int]]:
@@ -88,7 +88,8 @@ async def test_disabled_schedule_removes_the_row(
     await first.stop()
     assert len(await _rows(engine)) == 1
     job = RecordingJob("cleanup", Schedules.disabled())
-    await registries.start(job)
+    polls = Polls()
+    await registries.start(job, customize=lambda b: b.observer(polls))
     assert await _rows(engine) == []
-    await asyncio.sleep(0.3)
+    assert await polls.next(2) == 0
     assert job.slots == [] and await _rows(engine) == []

@@ -51,6 +51,7 @@ async def _database_exists(server_url: str, name: str) -> bool:
         await engine.dispose()
 
 
+@pytest.mark.multiprocess
 async def test_the_plugin_gives_each_test_a_fresh_database_with_tables(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, postgres_server_url: str
 ) -> None:

@@ -9,14 +9,14 @@ import socket
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from ..domain.durations import format_iso_duration
+from ..client.views import CancelRunningResult, PauseResult, ResumeResult, RunNowResult
 from ..domain.errors import ScheduleError
 from ..domain.schedules import parse_schedule
 from ..domain.tasks import paused_message
 from ..store.migrate import migrate, migrations_folder
 from .context import EXIT, CliError, Context
-from .output import row_view
 from .planning import cmd_backfill, cmd_plan
+from .schedules import cmd_schedules
 
 __all__ = ["COMMANDS"]
 
@@ -49,10 +49,6 @@ def _operator() -> str:
     return f"cli:{user}@{socket.gethostname()}"[:200]
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
 async def cmd_migrate(ctx: Context) -> None:
     results = await migrate(ctx.provider.engine, ctx.dialect, dry_run=ctx.args.dry_run)
     folder = migrations_folder(ctx.dialect)
@@ -79,54 +75,36 @@ async def cmd_migrate(ctx: Context) -> None:
 
 
 async def cmd_list(ctx: Context) -> None:
-    rows = await ctx.client.list(ctx.args.task, limit=ctx.args.limit)
-    paused = await ctx.client.paused()
-    now = await ctx.client.database_time()  # last: every time read above is at or before it
-    views = [
-        row_view(r, now, paused.get(r.task_name), ctx.dead_after, ctx.overdue_after) for r in rows
-    ]
+    page = await ctx.reads.tasks(ctx.args.task, limit=ctx.args.limit, offset=ctx.args.offset)
+    value = page.model_dump(mode="json")
     ctx.out.table(
-        views,
-        json_value={"database_time": now.isoformat(), "tasks": views},
+        value["tasks"],
+        json_value=value,
         columns=(
-            "task_name",
-            "task_instance",
+            "name",
+            "instance",
             "state",
             "execution_time",
             "picked_by",
-            "heartbeat_age",
+            "heartbeat_age_seconds",
             "last_success",
             "last_failure",
             "consecutive_failures",
+            "consecutive_missed_slots",
         ),
     )
+    if page.next_offset is not None and not ctx.out.json_mode:
+        ctx.out.warn(f"more rows follow: --offset {page.next_offset} shows the next page")
 
 
 async def cmd_history(ctx: Context) -> None:
     if ctx.args.task is not None:
         await _require_task(ctx, ctx.args.task)
-    records = await ctx.client.history(
-        ctx.args.task, limit=ctx.args.limit, before_id=ctx.args.before
-    )
-    views = [
-        {
-            "id": r.id,
-            "task_name": r.task_name,
-            "task_instance": r.task_instance,
-            "execution_time": r.execution_time.isoformat(),
-            "picked_by": r.picked_by,
-            "started_at": r.started_at.isoformat(),
-            "finished_at": r.finished_at.isoformat(),
-            "duration_seconds": round(r.duration_seconds, 6),
-            "outcome": r.outcome,
-            "error_class": r.error_class,
-            "error_message": r.error_message,
-        }
-        for r in records
-    ]
+    page = await ctx.reads.history(ctx.args.task, limit=ctx.args.limit, before_id=ctx.args.before)
+    value = page.model_dump(mode="json")
     ctx.out.table(
-        views,
-        json_value={"history": views},
+        value["records"],
+        json_value=value,
         columns=(
             "id",
             "task_name",
@@ -139,6 +117,8 @@ async def cmd_history(ctx: Context) -> None:
             "error_message",
         ),
     )
+    if page.next_before_id is not None and not ctx.out.json_mode:
+        ctx.out.warn(f"older executions follow: --before {page.next_before_id} shows them")
 
 
 async def cmd_pause(ctx: Context) -> None:
@@ -146,10 +126,35 @@ async def cmd_pause(ctx: Context) -> None:
     await _require_task(ctx, name)
     by = ctx.args.by or _operator()
     await ctx.client.pause(name, ctx.args.reason, paused_by=by)
-    ctx.out.done(
-        f"paused {name} (by {by}: {ctx.args.reason})",
-        {"task": name, "paused": True, "paused_by": by, "reason": ctx.args.reason},
+    info = (await ctx.client.paused()).get(name)
+    if info is None:  # resumed by someone else in between
+        raise CliError(EXIT.CONFLICT, f"{name!r} was resumed meanwhile; pause it again")
+    detail = f"paused {name} (by {by}: {ctx.args.reason})"
+    result = PauseResult(
+        name=name,
+        paused_by=info.paused_by,
+        paused_at=info.paused_at,
+        reason=info.reason,
+        detail=detail,
     )
+    ctx.out.done(detail, result.model_dump(mode="json"))
+
+
+async def cmd_cancel(ctx: Context) -> None:
+    name, instance = ctx.args.task, ctx.args.instance
+    by = ctx.args.by or _operator()
+    reason = ctx.args.reason or None
+    running_on = await ctx.client.cancel_running(name, instance, reason, requested_by=by)
+    detail = f"asked {running_on} to stop {name}/{instance} (within one heartbeat interval)"
+    result = CancelRunningResult(
+        name=name,
+        instance=instance,
+        running_on=running_on,
+        requested_by=by,
+        reason=reason,
+        detail=detail,
+    )
+    ctx.out.done(detail, result.model_dump(mode="json"))
 
 
 async def cmd_resume(ctx: Context) -> None:
@@ -165,13 +170,17 @@ async def cmd_resume(ctx: Context) -> None:
                 raise CliError(EXIT.USAGE, f"--schedule: {error}") from None
         skipped_to = await ctx.client.skip_missed(name, schedule)
     resumed = await ctx.client.resume(name)
-    message = f"resumed {name}" if resumed else f"{name} was not paused"
+    detail = f"resumed {name}" if resumed else f"{name} was not paused"
     if skipped_to is not None:
-        message += f"; its overdue slot was skipped, next run {skipped_to.isoformat()}"
-    ctx.out.done(
-        message,
-        {"task": name, "resumed": resumed, "next_execution_time": _iso(skipped_to)},
+        detail += f"; its overdue slot was skipped, next run {skipped_to.isoformat()}"
+    result = ResumeResult(
+        name=name,
+        resumed=resumed,
+        skip_missed=ctx.args.skip_missed,
+        detail=detail,
+        next_execution_time=skipped_to,
     )
+    ctx.out.done(detail, result.model_dump(mode="json"))
 
 
 async def cmd_run_now(ctx: Context) -> None:
@@ -184,56 +193,28 @@ async def cmd_run_now(ctx: Context) -> None:
         name, instance, force=ctx.args.force, wait=ctx.args.wait, force_hint="--force"
     )
     if pause is None:
-        ctx.out.done(
-            f"{name}/{instance} is due now; a running instance claims it at its next poll",
-            {"task": name, "instance": instance, "due_now": True, "forced": False},
+        detail = f"{name}/{instance} is due now; a running instance claims it at its next poll"
+        result = RunNowResult(name=name, instance=instance, detail=detail)
+    else:
+        detail = f"{name}/{instance} was claimed by {claimed_by}; the task stays paused"
+        result = RunNowResult(
+            name=name, instance=instance, detail=detail, forced=True, claimed_by=claimed_by
         )
-        return
-    ctx.out.done(
-        f"{name}/{instance} was claimed by {claimed_by}; the task stays paused",
-        {
-            "task": name,
-            "instance": instance,
-            "due_now": True,
-            "forced": True,
-            "claimed_by": claimed_by,
-        },
-    )
+    ctx.out.done(detail, result.model_dump(mode="json"))
 
 
 async def cmd_jobs(ctx: Context) -> None:
     """The cluster's jobs as their instances registered them (``ekbatan_jobs``), with the
     executions running now and those timed out in the last day."""
-    definitions = await ctx.client.job_definitions()
-    if not definitions and not await ctx.store.jobs.look():
+    views = await ctx.reads.job_views()
+    if not views and not await ctx.store.jobs.look():
         ctx.out.warn(
             "the job definitions table (ekbatan_jobs) is missing: run `ekbatan-jobs migrate`"
         )
-    running = await ctx.client.running_counts()
-    timed_out = await ctx.client.timed_out_counts()
-    views = [
-        {
-            "name": d.task_name,
-            "kind": d.kind,
-            "schedule": d.schedule,
-            "timeout": format_iso_duration(d.timeout) if d.timeout is not None else None,
-            "max_concurrency": d.max_concurrency,
-            "per_key": d.keyed,
-            "running": running.get(d.task_name, 0),
-            "timed_out_last_day": timed_out.get(d.task_name, 0),
-            "app_version": d.app_version,
-            "written_by": d.written_by,
-            "written_at": d.written_at.isoformat(),
-            "catch_up": d.catch_up,
-            "missed_slots": d.missed,
-            "caught_up_slots": d.caught_up,
-            "skipped_slots": d.skipped,
-        }
-        for d in sorted(definitions.values(), key=lambda d: d.task_name)
-    ]
+    value = {"jobs": [v.model_dump(mode="json") for v in views]}
     ctx.out.table(
-        views,
-        json_value={"jobs": views},
+        value["jobs"],
+        json_value=value,
         columns=(
             "name",
             "kind",
@@ -243,6 +224,7 @@ async def cmd_jobs(ctx: Context) -> None:
             "running",
             "timed_out_last_day",
             "catch_up",
+            "overlap",
             "skipped_slots",
             "app_version",
         ),
@@ -250,19 +232,21 @@ async def cmd_jobs(ctx: Context) -> None:
 
 
 async def cmd_instances(ctx: Context) -> None:
-    views = [
-        {
-            "name": i.name,
-            "host": i.host,
-            "pid": i.pid,
-            "started_at": i.started_at.isoformat(),
-            "last_seen": i.last_seen.isoformat(),
-            "library_version": i.library_version,
-            "alive": i.alive,
-        }
-        for i in await ctx.client.instances()
-    ]
-    ctx.out.table(views, json_value={"instances": views})
+    value = {"instances": [i.model_dump(mode="json") for i in await ctx.reads.instance_views()]}
+    ctx.out.table(
+        value["instances"],
+        json_value=value,
+        columns=(
+            "name",
+            "host",
+            "pid",
+            "started_at",
+            "last_seen",
+            "last_seen_age_seconds",
+            "library_version",
+            "alive",
+        ),
+    )
 
 
 COMMANDS: dict[str, Callable[[Context], Awaitable[None]]] = {
@@ -272,8 +256,10 @@ COMMANDS: dict[str, Callable[[Context], Awaitable[None]]] = {
     "run-now": cmd_run_now,
     "pause": cmd_pause,
     "resume": cmd_resume,
+    "cancel": cmd_cancel,
     "instances": cmd_instances,
     "jobs": cmd_jobs,
     "plan": cmd_plan,
     "backfill": cmd_backfill,
+    "schedules": cmd_schedules,
 }

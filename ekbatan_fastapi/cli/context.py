@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..client import SchedulerClient
+from ..client.read_model import ReadModel
 from ..domain.tasks import dead_after, overdue_after
+from ..domain.text import mask_url
 from ..store.connection import ConnectionProvider, dialect_of
 from ..store.dialects import Store, open_store
 from ..store.tables import DEFAULT_TABLE_NAME
@@ -54,11 +56,16 @@ class Context:
     """The application's settings as read (EkbatanSettings)."""
 
     @property
+    def reads(self) -> ReadModel:
+        """The operator read model, as ``/jobs`` reads it (one set of names)."""
+        return ReadModel(self.client, dead_after=self.dead_after, overdue_after=self.overdue_after)
+
+    @property
     def dialect(self) -> str:
         return self.store.dialect.name
 
     def safe_url(self) -> str:
-        return self.provider.engine.url.render_as_string(hide_password=True)
+        return mask_url(self.provider.engine.url)
 
 
 def _settings(args: argparse.Namespace) -> EkbatanSettings:
@@ -75,12 +82,14 @@ async def connect(args: argparse.Namespace, out: Output) -> Context:
     # the dialect decides the driver's name of the connect timeout; no connection yet
     url_dialect = dialect_of(url)
     timeout_key = "timeout" if url_dialect.name == "postgresql" else "connect_timeout"
-    pooler = args.pooler or (settings.jobs.pooler if url_dialect.name == "postgresql" else None)
+    pooler = args.pooler or (
+        settings.jobs.config.pooler if url_dialect.name == "postgresql" else None
+    )
     provider = ConnectionProvider.from_url(
         url, pool_size=1, pooler=pooler, connect_args={timeout_key: args.connect_timeout}
     )
     store = open_store(provider.engine, args.dialect or provider.dialect, DEFAULT_TABLE_NAME)
-    knobs = settings.jobs
+    knobs = settings.jobs.config
     window = dead_after(knobs.heartbeat_interval, knobs.missed_heartbeats_limit)
     ctx = Context(
         args=args,
@@ -99,6 +108,8 @@ async def connect(args: argparse.Namespace, out: Output) -> Context:
     except Exception as error:
         await provider.dispose()
         diagnosis = store.db.diagnose(error)
+        if diagnosis.condition == "login-refused":  # a setting to fix; it names where
+            raise CliError(EXIT.USAGE, diagnosis.message) from None
         if diagnosis.reachable:
             raise CliError(
                 EXIT.FAILED, f"the database at {ctx.safe_url()} answered: {diagnosis.message}"

@@ -1,61 +1,31 @@
 """What ``ekbatan-jobs`` prints: aligned tables for people, one JSON document with ``--json``,
-and messages on stderr."""
+and messages on stderr.
+
+Text for people passes through ``printable``: a task name, instance, pause reason or error
+message holding terminal escape sequences (anyone who can schedule a task chooses its
+instance id) is shown escaped (``\x1b[31m``), never acted on. JSON escapes control
+characters by itself (``\u001b``)."""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
 from typing import Any, TextIO
 
-from ..domain.records import PauseInfo
-from ..domain.tasks import ScheduledTask, derive_state, heartbeat_age
+from ..domain.text import printable
 
-__all__ = ["Output", "row_view"]
+__all__ = ["Output"]
 
 _CELL = 60
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def row_view(
-    row: ScheduledTask,
-    now: datetime,
-    pause: PauseInfo | None,
-    dead_after: timedelta,
-    overdue_after: timedelta,
-) -> dict[str, Any]:
-    """One row of ``scheduled_tasks`` as ``list`` shows it (its state as ``/jobs`` derives
-    it; the CLI loads no jobs, so no row counts as unresolved)."""
-    age = heartbeat_age(row, now)
-    state = derive_state(
-        row, now, dead_after=dead_after, overdue_after=overdue_after, paused=pause is not None
-    )
-    return {
-        "task_name": row.task_name,
-        "task_instance": row.task_instance,
-        "state": state,
-        "execution_time": _iso(row.execution_time),
-        "picked": row.picked,
-        "picked_by": row.picked_by,
-        "heartbeat_age": round(age.total_seconds(), 3) if age is not None else None,
-        "last_success": _iso(row.last_success),
-        "last_failure": _iso(row.last_failure),
-        "consecutive_failures": row.consecutive_failures,
-        "version": row.version,
-        "paused_by": pause.paused_by if pause else None,
-        "paused_at": _iso(pause.paused_at) if pause else None,
-        "pause_reason": pause.reason if pause else None,
-    }
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
-    text = str(value).replace("\n", " ")
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    text = printable(str(value), lines=False)
     return text if len(text) <= _CELL else text[: _CELL - 3] + "..."
 
 
@@ -84,7 +54,7 @@ class Output:
             self._json(json_value)
             return
         if title:
-            self.stdout.write(title + "\n")
+            self.stdout.write(printable(title) + "\n")
         if not rows:
             self.stdout.write("(none)\n")
             return
@@ -100,14 +70,14 @@ class Output:
         if self.json_mode:
             self._json(json_value)
         else:
-            self.stdout.write(message + "\n")
+            self.stdout.write(printable(message) + "\n")
 
     def warn(self, message: str) -> None:
-        self.stderr.write(f"ekbatan-jobs: warning: {message}\n")
+        self.stderr.write(f"ekbatan-jobs: warning: {printable(message)}\n")
 
     def fail(self, code: int, message: str) -> int:
         """Report an error; returns ``code`` (the exit code)."""
-        self.stderr.write(f"ekbatan-jobs: error: {message}\n")
+        self.stderr.write(f"ekbatan-jobs: error: {printable(message)}\n")
         if self.json_mode:
             self._json({"error": message, "exit_code": code})
         return code

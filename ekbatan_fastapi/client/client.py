@@ -8,13 +8,16 @@ in the same process. A local scheduler (``LocalScheduler``), when given, only ad
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from ..domain.codec import encode_task_data
 from ..domain.errors import (
     ConfigurationError,
+    NotRunningError,
+    RunNotClaimedError,
     SchemaMissingError,
     TaskNotFoundError,
     TaskPausedError,
@@ -22,23 +25,35 @@ from ..domain.errors import (
     UnknownJobError,
 )
 from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, schedule_of
-from ..domain.records import ExecutionRecord, InstanceInfo, JobDefinition, PauseInfo
-from ..domain.rows import NewTask
+from ..domain.persistent import PersistentScheduleJob
+from ..domain.rows import (
+    ExecutionRecord,
+    Finish,
+    FinishKind,
+    InstanceInfo,
+    JobDefinition,
+    NewTask,
+    Owned,
+    PauseInfo,
+    TaskRow,
+)
 from ..domain.schedules import Schedule, parse_schedule
 from ..domain.tasks import ScheduledTask, paused_message, slot_after_missed
 from ..domain.text import validate_name
 from ..store.dialects import Store
 from ..store.external import Caller
+from ..store.tasks import TaskStore
 from .backfill import BackfillResult, backfill
-from .explain import explain_failure
 from .forced import forced_elsewhere
-from .local import LocalScheduler
+from .schedules import ScheduleVerbs
 from .traced import Carrier, SchedulingTraces
 
 __all__ = ["LocalScheduler", "SchedulerClient"]
 
 _UNSET: Any = object()
 _DEFAULT_DEAD_AFTER = timedelta(seconds=60)
+_MAX_ID = 2**63 - 1
+"""The largest history id (a BIGINT): ``history(before_id=...)`` is bounded so, as the route is."""
 
 
 def _aware(at: datetime | None, what: str) -> datetime | None:
@@ -52,8 +67,9 @@ def _aware(at: datetime | None, what: str) -> datetime | None:
     return at
 
 
-class SchedulerClient:
-    """Schedules one-time task instances and reads or changes rows of the table.
+class SchedulerClient(ScheduleVerbs):
+    """Schedules one-time task instances and reads or changes rows of the table; creates,
+    changes and deletes the schedules of a ``PersistentScheduleJob`` (``ScheduleVerbs``).
 
     ``jobs`` are the jobs known here (to check names and find schedules); ``dead_after`` is
     the cluster's dead window (``heartbeat_interval x missed_heartbeats_limit``), for
@@ -89,9 +105,18 @@ class SchedulerClient:
     def _one_time_job(self, job_name: str) -> OneTimeJob:
         validate_name(job_name, "job name")
         job = self._jobs.get(job_name)
+        if isinstance(job, PersistentScheduleJob):
+            raise UnknownJobError(
+                f"{job_name!r} is a PersistentScheduleJob: its rows are schedules; use "
+                f"create_schedule({job_name!r}, instance_id, schedule, data)"
+            )
         if isinstance(job, OneTimeJob):
             return job
-        known = sorted(n for n, j in self._jobs.items() if isinstance(j, OneTimeJob))
+        known = sorted(
+            n
+            for n, j in self._jobs.items()
+            if isinstance(j, OneTimeJob) and not isinstance(j, PersistentScheduleJob)
+        )
         if isinstance(job, DistributedJob):
             raise UnknownJobError(
                 f"{job_name!r} is a recurring job: its single row is managed by the scheduler; "
@@ -272,6 +297,50 @@ class SchedulerClient:
         if not await self._tasks.delete_unpicked(job_name, instance_id):
             await self._explain_failure(job_name, instance_id, "cancelled")
 
+    async def cancel_running(
+        self,
+        job_name: str,
+        instance_id: str = RECURRING_INSTANCE,
+        reason: str | None = None,
+        *,
+        requested_by: str | None = None,
+    ) -> str:
+        """Stop a running execution, wherever it runs: the instance that runs it cancels its
+        asyncio task within one heartbeat interval (a plain ``def`` job cannot be interrupted:
+        its ``ctx.cancel_requested`` turns true, and it is recorded as cancelled when it
+        returns). The history records ``cancelled`` with who (``requested_by``, else this
+        process's scheduler) and why; a recurring job goes on with its next slot, a one-time
+        task is removed. Needs no scheduler in this process. Returns the instance that runs
+        it. Raises ``NotRunningError`` (a ``TaskNotFoundError``) when it is not running."""
+        validate_name(job_name, "job name")
+        validate_name(instance_id, "instance id")
+        cancels = self._store.cancels
+        if not await cancels.look(force=True):
+            raise SchemaMissingError(
+                "the table of requests to stop running executions is missing: run "
+                "`ekbatan-jobs migrate` (it applies ekbatan_fastapi/migrations/"
+                f"{self._store.db.migrations_folder}/V0006__ekbatan_cancel_requests.sql) or "
+                "call `await ekbatan_fastapi.create_schema(engine)`"
+            )
+        row = await self._tasks.get(job_name, instance_id)
+        where = f"{job_name}/{instance_id}"
+        if row is None:
+            hint = await _instance_hint(self._tasks, self._jobs, job_name, instance_id)
+            raise NotRunningError(
+                f"{where} is not running: no such task instance is scheduled{hint}"
+            )
+        if not row.picked or not row.picked_by:
+            raise NotRunningError(
+                f"{where} is not running right now (next due at "
+                f"{row.execution_time.isoformat()}); there is nothing to stop (to delete a "
+                "one-time task that waits, use cancel; to stop a recurring job's slots, pause)"
+            )
+        by = requested_by
+        if by is None and self._scheduler is not None:
+            by = self._scheduler.name
+        await cancels.request(job_name, instance_id, row.version, by, reason)
+        return row.picked_by
+
     async def _explain_failure(self, job_name: str, instance_id: str, verb: str) -> None:
         await explain_failure(self._tasks, self._jobs, job_name, instance_id, verb)
 
@@ -306,6 +375,8 @@ class SchedulerClient:
         if local is not None and job_name in local.jobs:
             with local.claiming():
                 row = await self._tasks.claim_now(job_name, instance_id, local.name)
+                if row is not None and local.is_shutting_down:
+                    await self._give_back(row, local.name)
                 if row is not None:
                     local.run_claimed(row)
             if row is None:
@@ -313,6 +384,18 @@ class SchedulerClient:
                 return None
             return local.name
         return await forced_elsewhere(self, job_name, instance_id, pause, wait)
+
+    async def _give_back(self, row: TaskRow, scheduler: str) -> None:
+        """The local scheduler began stopping while it claimed ``row`` for a forced run: it
+        will run nothing more, so the row is unpicked now (else it would stay picked by a
+        stopped instance until revived after the dead window) and the caller told so."""
+        owned = Owned(row.task_name, row.task_instance, row.version)
+        await self._tasks.finish([Finish(owned, FinishKind.RELEASED)])
+        raise RunNotClaimedError(
+            f"scheduler {scheduler} began stopping while it claimed the forced run of "
+            f"{row.task_name}/{row.task_instance}: nothing ran, the row is given back (still "
+            "paused, due now); force the run again on a running instance"
+        )
 
     # -- operations: history, pause/resume, instances ------------------------------------
 
@@ -351,14 +434,29 @@ class SchedulerClient:
             validate_name(job_name, "job name")
         if not 1 <= limit <= 1000:
             raise ConfigurationError(f"limit must be from 1 to 1000, got {limit}")
+        if before_id is not None and not (isinstance(before_id, int) and 1 <= before_id <= _MAX_ID):
+            raise ConfigurationError(
+                f"before_id must be a history id from 1 to {_MAX_ID} (the last id of the "
+                f"previous page), got {before_id!r}"
+            )
         await self._require_ops()
         return await self._ops.history(job_name, limit=limit, before_id=before_id)
 
     async def pause(
-        self, job_name: str, reason: str | None = None, *, paused_by: str | None = None
+        self,
+        job_name: str,
+        reason: str | None = None,
+        *,
+        paused_by: str | None = None,
+        instance_id: str | None = None,
     ) -> None:
         """Pause a task cluster-wide: no instance claims it until resumed (survives restarts).
-        Executions already running finish normally."""
+        Executions already running finish normally. ``instance_id``: pause that one schedule
+        of a ``PersistentScheduleJob`` only (``pause_schedule``)."""
+        if instance_id is not None:
+            by = paused_by or (self._scheduler.name if self._scheduler is not None else None)
+            await self.pause_schedule(job_name, instance_id, reason, paused_by=by)
+            return
         await self._known_task(job_name)
         await self._require_ops()
         by = paused_by
@@ -367,12 +465,20 @@ class SchedulerClient:
         await self._ops.pause(job_name, by, reason)
 
     async def resume(
-        self, job_name: str, *, skip_missed: bool = False, schedule: Schedule | None = None
+        self,
+        job_name: str,
+        *,
+        skip_missed: bool = False,
+        schedule: Schedule | None = None,
+        instance_id: str | None = None,
     ) -> bool:
         """Resume a paused task; False if it was not paused. An overdue slot then runs once,
         unless ``skip_missed`` moves a recurring row to its next future slot: by the
         registered job's schedule, or ``schedule`` where the job is not registered here
-        (the table does not store schedules)."""
+        (the table does not store schedules). ``instance_id``: resume that one schedule of a
+        ``PersistentScheduleJob`` (at its next slot from now; ``resume_schedule``)."""
+        if instance_id is not None:
+            return await self.resume_schedule(job_name, instance_id)
         await self._known_task(job_name)
         await self._require_ops()
         if skip_missed:  # move it while still paused
@@ -469,6 +575,13 @@ class SchedulerClient:
             return {}
         return await self._store.jobs.definitions()
 
+    async def missed_streaks(self, names: Collection[str]) -> dict[tuple[str, str], int]:
+        """Consecutive slots each recurring task instance of ``names`` missed since its last
+        run (merged by ``CatchUp.latest``, skipped by its catch-up policy, due while a run
+        was going), by (name, instance); only those with a streak going on. Empty without
+        ``ekbatan_missed_streaks`` (migration V0007)."""
+        return await self._store.jobs.streaks(names)
+
     async def backfill_counts(self) -> dict[str, int]:
         """Backfilled slots waiting or running, by job, cluster-wide."""
         return await self._store.jobs.backfills()
@@ -488,3 +601,67 @@ class SchedulerClient:
     async def database_time(self) -> datetime:
         """The database's clock (the one every due and dead decision uses)."""
         return await self._tasks.db_now()
+
+
+# -- what the client uses of a scheduler in the same process -----------------------------------
+
+
+class LocalScheduler(Protocol):
+    """What the client uses of a scheduler running in the same process."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def jobs(self) -> Mapping[str, Job]: ...
+
+    def request_poll(self) -> None: ...
+
+    def note_due(self, when: datetime) -> None: ...
+
+    @property
+    def is_shutting_down(self) -> bool: ...
+
+    def claiming(self) -> AbstractContextManager[None]: ...
+
+    def run_claimed(self, row: TaskRow) -> None: ...
+
+
+# -- why a change to one task instance was not made --------------------------------------------
+
+_SHOWN = 3
+"""Instances named as examples in the hint."""
+
+
+async def explain_failure(
+    tasks: TaskStore, jobs: Mapping[str, Job], job_name: str, instance_id: str, verb: str
+) -> None:
+    """Raise the error that says why ``job_name/instance_id`` was not ``verb``."""
+    row = await tasks.get(job_name, instance_id)
+    where = f"{job_name}/{instance_id}"
+    if row is None:
+        hint = await _instance_hint(tasks, jobs, job_name, instance_id)
+        raise TaskNotFoundError(f"no task instance {where} is scheduled{hint}")
+    if row.picked:
+        raise TaskPickedError(
+            f"{where} is running right now on {row.picked_by}; it cannot be {verb} until "
+            "it finishes"
+        )
+    raise TaskPickedError(f"{where} changed concurrently and was not {verb}; try again")
+
+
+async def _instance_hint(
+    tasks: TaskStore, jobs: Mapping[str, Job], job_name: str, instance_id: str
+) -> str:
+    if instance_id != RECURRING_INSTANCE or isinstance(jobs.get(job_name), DistributedJob):
+        return ""
+    rows = await tasks.list_tasks(job_name, limit=_SHOWN + 1)
+    if job_name not in jobs and not rows:
+        return ""
+    shown = ", ".join(repr(r.task_instance) for r in rows[:_SHOWN])
+    more = ", ..." if len(rows) > _SHOWN else ""
+    scheduled = f" (scheduled now: {shown}{more})" if rows else ""
+    return (
+        f": {job_name} is a one-time job whose instances have ids of their own{scheduled}; "
+        "name one: ?instance=<id> over HTTP, --instance <id> in the CLI, instance_id in Python"
+    )

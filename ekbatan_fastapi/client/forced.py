@@ -8,7 +8,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ..domain.errors import RunNotClaimedError
-from ..domain.records import PauseInfo
+from ..domain.rows import PauseInfo
 
 if TYPE_CHECKING:
     from .client import SchedulerClient

@@ -7,19 +7,60 @@ missed slot runs once, oldest first, each with its own ``ctx.execution_time``; b
 ``max_slots`` the oldest are skipped. ``CatchUp.skip(grace)``: a slot found more than
 ``grace`` late does not run; the latest one within ``grace`` does, or else the next future
 slot is scheduled. The row stays db-scheduler's single row per job: the policy is applied
-when an instance claims it (``plan``) and when an execution ends (``next_after_run``).
+when an instance claims it (``plan``) and when an execution ends (``after_run``).
+
+Every slot that passes without a run is in one span, ``PassedSlots``, with its
+``SlotReason``: ``after_run`` gives the spans a run passed over (``coalesced``: due before it
+started; ``overlap``: due while it ran, or skipped by ``Overlap.buffer_one``), and
+``skipped_by_plan`` the span a claim's plan skipped (``catch_up``). The history's ``missed``
+records, ``slot_missed``, the missed count and the streak all read these spans.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from .durations import format_iso_duration
 from .errors import ScheduleError
+from .overlap import Overlap
 from .schedule import COUNT_CAP, Schedule
 
-__all__ = ["CatchUp", "SlotPlan", "next_after_run", "plan"]
+__all__ = [
+    "MISSED_SLOTS_NAMED",
+    "AfterRun",
+    "CatchUp",
+    "PassedSlots",
+    "SlotPlan",
+    "SlotReason",
+    "after_run",
+    "next_after_run",
+    "passed_slots",
+    "plan",
+    "skipped_by_plan",
+]
+
+MISSED_SLOTS_NAMED = 100
+"""Slots one completion names in the history (and in ``slot_missed`` events) at most, the
+newest first; the older ones of each span are written as one summary record with their count
+(a job down for a year on a 1 s schedule writes 101 records, not 31 million)."""
+
+
+class SlotReason(StrEnum):
+    """Why a slot of a recurring job passed without a run (``PassedSlots.reason``, the
+    ``error_class`` of its ``missed`` history record, the ``reason`` of ``slot_missed``)."""
+
+    COALESCED = "coalesced"
+    """Merged by ``CatchUp.latest``: it fell due before (or as) the run that took its place
+    started (every instance down, the job paused, the scheduler behind)."""
+    OVERLAP = "overlap"
+    """It fell due while the previous run was still going (``Overlap.skip``, the default,
+    and ``Overlap.cancel_other``), or ``Overlap.buffer_one`` skipped it (only the first such
+    slot runs)."""
+    CATCH_UP = "catch_up"
+    """Skipped by the catch-up policy (``CatchUp.all(max_slots)`` beyond its count,
+    ``CatchUp.skip(grace)`` past its grace)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +121,41 @@ class SlotPlan:
     """This run is of a slot whose successor is due too (latest would have coalesced it)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PassedSlots:
+    """The slots ``first`` .. ``last`` of a schedule that passed without a run, and why: what
+    a completion decided beyond the slot it ran (``after_run``: merged by ``CatchUp.latest``,
+    passed over by an overlap policy) or what a claim's plan skipped (``skipped_by_plan``).
+    ``Execution.passed_spans()`` has them all; recorded, when ``record_missed_slots`` is on,
+    as the newest ``MISSED_SLOTS_NAMED`` slots by name plus one summary record for the rest,
+    and counted in the task's streak of missed slots."""
+
+    first: datetime
+    last: datetime
+    count: int
+    """How many slots ``first`` .. ``last`` holds (at least this many when ``capped``)."""
+    reason: SlotReason
+    capped: bool = False
+    why: str = field(default="", compare=False)
+    """Words for the history (the policy, the run it was merged into); not part of its
+    identity."""
+
+
+def skipped_by_plan(plan: SlotPlan, catch_up: CatchUp | None) -> PassedSlots | None:
+    """The slots ``plan`` skipped (None: none)."""
+    if not plan.skipped or plan.skipped_from is None or plan.skipped_to is None:
+        return None
+    policy = f"CatchUp.{(catch_up or CatchUp.latest()).describe()}"
+    return PassedSlots(
+        plan.skipped_from,
+        plan.skipped_to,
+        plan.skipped,
+        SlotReason.CATCH_UP,
+        plan.capped,
+        f"skipped by {policy}",
+    )
+
+
 def _count(schedule: Schedule, first: datetime, last: datetime) -> tuple[int, bool]:
     count = schedule.count_slots(first, last, COUNT_CAP)
     return count, count == COUNT_CAP
@@ -126,22 +202,115 @@ def _latest_due(schedule: Schedule, first: datetime, now: datetime) -> datetime:
     return latest
 
 
+@dataclass(frozen=True, slots=True)
+class AfterRun:
+    """What follows a run of a recurring row: its next due time, and the slots that passed
+    without running (each span with its reason: ``coalesced`` or ``overlap``)."""
+
+    next_time: datetime
+    passed: tuple[PassedSlots, ...] = ()
+    buffered: datetime | None = None
+    """``Overlap.buffer_one``: the slot the next run runs (``next_time`` is its due time)."""
+    through: datetime | None = None
+    """With ``buffered``: the last slot passed over; after the buffered run the schedule goes
+    on from the slot that follows it."""
+
+    @property
+    def missed(self) -> int:
+        """Slots passed over (coalesced or skipped), never run."""
+        return sum(p.count for p in self.passed)
+
+
 def next_after_run(
     schedule: Schedule, catch_up: CatchUp, row_time: datetime, slot: datetime, finished: datetime
 ) -> tuple[datetime, int]:
     """After a run of ``slot`` (the row was due at ``row_time``) that ended at ``finished``:
     the row's next due time and how many slots that coalesces (missed, never run)."""
+    after = after_run(schedule, catch_up, row_time, slot, finished)
+    return after.next_time, after.missed
+
+
+def after_run(
+    schedule: Schedule,
+    catch_up: CatchUp,
+    row_time: datetime,
+    slot: datetime,
+    finished: datetime,
+    *,
+    started: datetime | None = None,
+    overlap: Overlap | None = None,
+    ran: datetime | None = None,
+) -> AfterRun:
+    """After a run of ``slot`` (the row was due at ``row_time``) that started at ``started``
+    and ended at ``finished``: the row's next due time, and the slots passed over. Those due
+    by ``started`` were merged into the run by ``CatchUp.latest`` (``coalesced``), those due
+    while it ran were overlapped by it (``overlap``). ``Overlap.buffer_one``: the first slot
+    due by ``finished`` runs next, the others due by then are skipped (``overlap``). ``ran``:
+    the slot the run ran, for the history's words, when it is not ``slot`` (a buffered slot's
+    run goes on from the last slot skipped then)."""
+    ran = slot if ran is None else ran
     following = schedule.following(slot)
+    if (
+        overlap is not None
+        and overlap.buffers
+        and following is not None
+        and schedule.due_time(following) <= finished
+    ):
+        last = _latest_due(schedule, following, finished)
+        passed: tuple[PassedSlots, ...] = ()
+        after = schedule.following(following)
+        if last > following and after is not None:
+            count, capped = _count(schedule, after, last)
+            why = (
+                f"fell due while the run of {ran.isoformat()} was going (Overlap.buffer_one: "
+                f"{following.isoformat()} runs next, the others are skipped)"
+            )
+            passed = (PassedSlots(after, last, count, SlotReason.OVERLAP, capped, why),)
+        return AfterRun(schedule.due_time(following), passed, following, last)
     if catch_up.policy != "latest" and following is not None:
-        return schedule.due_time(following), 0  # the next claim's plan decides
+        return AfterRun(schedule.due_time(following))  # the next claim's plan decides
     next_time = schedule.next_execution_time(row_time, finished)
     if following is None:
-        return next_time, 0
+        return AfterRun(next_time)
     next_slot = schedule.slot_of(next_time)
     if next_slot <= following:  # the usual case: nothing coalesced
-        return next_time, 0
-    last_missed = schedule.back(next_slot, 1)
-    return next_time, schedule.count_slots(following, last_missed, COUNT_CAP)
+        return AfterRun(next_time)
+    last = schedule.back(next_slot, 1)
+    policy = "skip" if overlap is None else overlap.describe()
+    return AfterRun(
+        next_time, passed_slots(schedule, following, last, started, run=ran, policy=policy)
+    )
+
+
+def passed_slots(
+    schedule: Schedule,
+    first: datetime,
+    last: datetime,
+    started: datetime | None,
+    *,
+    run: datetime,
+    policy: str = "skip",
+) -> tuple[PassedSlots, ...]:
+    """The slots ``first`` to ``last`` that the run of ``run`` (started at ``started``)
+    passed over, split at ``started``: due by then, merged into it by ``CatchUp.latest``
+    (``coalesced``); due while it ran (``overlap``, under ``Overlap.<policy>``)."""
+    merged = f"merged into the run of {run.isoformat()} by CatchUp.latest (due before it started)"
+    going = f"fell due while the run of {run.isoformat()} was going (Overlap.{policy})"
+
+    def span(a: datetime, b: datetime, reason: SlotReason, why: str) -> PassedSlots:
+        count, capped = _count(schedule, a, b)
+        return PassedSlots(a, b, count, reason, capped, why)
+
+    if started is None or schedule.due_time(first) > started:
+        return (span(first, last, SlotReason.OVERLAP, going),)
+    before = _latest_due(schedule, first, started)
+    after = schedule.following(before) if before < last else None
+    if after is None:
+        return (span(first, last, SlotReason.COALESCED, merged),)
+    return (
+        span(first, before, SlotReason.COALESCED, merged),
+        span(after, last, SlotReason.OVERLAP, going),
+    )
 
 
 def skip_message(plan: SlotPlan, catch_up: CatchUp | None) -> str:

@@ -1,10 +1,19 @@
 """``task_data`` encoding: JSON in UTF-8 bytes (db-scheduler itself stores Java serialization),
 and the typed form: a one-time job's pydantic model (``OneTimeJob[InvoiceData]``), validated
-when an instance is scheduled and again when it runs."""
+when an instance is scheduled and again when it runs.
+
+JSON has no NaN or Infinity. Python's ``json`` reads them (``NaN``, ``Infinity``, and ``1e400``
+as an infinity) and pydantic writes them as ``null`` where a field is typed ``Any``; here both
+directions refuse them, naming the task and where the number is. A row only ever becomes
+JSON, plain values and the model's own types: nothing in a row names a type to build (no
+pickle, no YAML tags, no class paths), so a party that can write the table cannot make a
+scheduler run code through it.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -15,6 +24,7 @@ __all__ = [
     "DataModel",
     "TaskDataError",
     "TaskDataInvalid",
+    "TaskDataTooDeep",
     "decode_data",
     "encode_data",
     "encode_task_data",
@@ -26,6 +36,10 @@ _MAX_ERRORS = 5
 
 class TaskDataError(EkbatanError):
     """A row's ``task_data`` is not the JSON this library writes."""
+
+
+class TaskDataTooDeep(TaskDataError):
+    """A row's ``task_data`` is JSON nested deeper than Python's recursion limit can decode."""
 
 
 class TaskDataInvalid(TaskDataError, ValueError):
@@ -53,6 +67,68 @@ def _describe(error: ValidationError) -> tuple[str, list[dict[str, Any]]]:
         parts.append(f"{_path(item)}: {item.get('msg')} (got {got})")
     more = len(errors) - _MAX_ERRORS
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else ""), errors
+
+
+class _NonFinite(ValueError):
+    """NaN or an infinity in JSON text (``args[0]``: the token as written)."""
+
+
+def _constant(token: str) -> Any:
+    raise _NonFinite(token)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400
+        raise _NonFinite(text)
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_finite)
+"""``_loads``' decoder, made once (``json.loads`` makes one per call when given hooks: half
+the time of decoding a schedule row's few fields)."""
+
+
+def _loads(raw: bytes | str) -> Any:
+    """``json.loads(raw, parse_constant=..., parse_float=...)`` that refuses NaN and
+    infinities, on a decoder made once: bytes are decoded as ``json.loads`` does (UTF-8, or
+    the UTF-16/32 its first bytes show)."""
+    if isinstance(raw, str):
+        if raw.startswith("\ufeff"):
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", raw, 0)
+        return _DECODER.decode(raw)
+    if not isinstance(raw, bytes | bytearray):
+        raise TypeError(
+            f"the JSON object must be str, bytes or bytearray, not {type(raw).__name__}"
+        )
+    return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+
+
+def _non_finite_path(data: Any) -> str | None:
+    """Where the first NaN or infinity sits in ``data`` (dicts, lists, tuples, sets; the
+    data itself: ``(the data itself)``), or None. Iterative: data may nest deeply."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return path or "(the data itself)"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, float) and not math.isfinite(key):
+                    return f"{path}.{key}".lstrip(".")
+                stack.append((item, f"{path}.{key}".lstrip(".")))
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend((item, f"{path}.{i}".lstrip(".")) for i, item in enumerate(value))
+    return None
+
+
+def _refuse_non_finite(data: Any, where: str) -> None:
+    path = _non_finite_path(data)
+    if path is not None:
+        raise ConfigurationError(
+            f"data for {where} holds NaN or Infinity at {path}: JSON has no such number "
+            "(Ekbatan refuses it when reading a row too); use null or a finite number"
+        )
 
 
 class DataModel:
@@ -84,24 +160,47 @@ class DataModel:
     def encode(self, data: Any, *, where: str) -> bytes | None:
         """Validate, then store the model's JSON form (``model_dump(mode="json")``)."""
         value = self.validate(data, where=where)
+        # pydantic writes a NaN in an ``Any`` field as null: refused here instead
+        _refuse_non_finite(self._adapter.dump_python(value), where)
         return encode_data(self._adapter.dump_python(value, mode="json"), where=where)
 
     def decode(self, raw: bytes | None, *, task_name: str, task_instance: str) -> Any:
         """A row's data as the model. Data that no longer fits (written by an older deploy,
-        or by hand) raises TaskDataInvalid: the execution is then parked, not retried."""
+        or by hand) raises TaskDataInvalid: the execution is then parked, not retried. NaN
+        and Infinity (which pydantic reads) are refused so."""
+        raw = raw if raw is not None else b"null"
         try:
-            return self._adapter.validate_json(raw if raw is not None else b"null")
+            _loads(raw)
+        except _NonFinite as error:
+            token = str(error.args[0])
+            text = f"{token} is NaN or an infinity: JSON cannot hold it (Ekbatan never writes it)"
+            errors = [{"loc": (), "msg": text, "type": "finite_number", "input": token}]
+            raise self._unfit(task_name, task_instance, text, errors) from None
+        except (ValueError, RecursionError):
+            pass  # malformed: pydantic's own error says where
+        try:
+            return self._adapter.validate_json(raw)
         except ValidationError as error:
             text, errors = _describe(error)
-            key = f"{task_name!r}, {task_instance!r}"
-            raise TaskDataInvalid(
-                f"the stored data of {task_name}/{task_instance} does not fit {self.name} "
-                f"(written by an older deploy, or by hand?): {text}; the row is parked, not "
-                f"retried: fix its data with client.reschedule({key}, data=...), run it again "
-                f"as it is with client.run_now({key}) once the model accepts it, or drop it "
-                f"with client.cancel({key})",
-                errors,
-            ) from error
+            raise self._unfit(task_name, task_instance, text, errors) from error
+
+    def _unfit(
+        self, task_name: str, task_instance: str, text: str, errors: list[dict[str, Any]]
+    ) -> TaskDataInvalid:
+        key = f"{task_name!r}, {task_instance!r}"
+        return TaskDataInvalid(
+            f"the stored data of {task_name}/{task_instance} does not fit {self.name} "
+            f"(written by an older deploy, or by hand?): {text}; the row is parked, not "
+            f"retried: fix its data with client.reschedule({key}, data=...), run it again "
+            f"as it is with client.run_now({key}) once the model accepts it, or drop it "
+            f"with client.cancel({key})",
+            errors,
+        )
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""``json.dumps(data, separators=(",", ":"), allow_nan=False)`` without making an encoder per
+call (``json.dumps`` makes one for any argument it is given)."""
 
 
 def encode_data(data: Any, *, where: str) -> bytes | None:
@@ -110,10 +209,16 @@ def encode_data(data: Any, *, where: str) -> bytes | None:
     if data is None:
         return None
     if isinstance(data, BaseModel):
+        _refuse_non_finite(data.model_dump(), where)  # mode="json" writes NaN as null
         data = data.model_dump(mode="json")
     try:
-        return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+        return _ENCODER.encode(data).encode()
+    except RecursionError:
+        raise ConfigurationError(
+            f"data for {where} is nested too deeply to encode as JSON; flatten it"
+        ) from None
     except (TypeError, ValueError) as error:
+        _refuse_non_finite(data, where)
         raise ConfigurationError(
             f"data for {where} is not JSON-serializable ({error}); pass dicts, lists, strings, "
             "numbers, booleans, None or a pydantic model"
@@ -121,12 +226,24 @@ def encode_data(data: Any, *, where: str) -> bytes | None:
 
 
 def decode_data(raw: bytes | None, *, where: str) -> Any:
-    """Decode ``task_data``; undecodable bytes raise TaskDataError naming the row."""
+    """Decode ``task_data``; undecodable bytes (and NaN, Infinity, nesting deeper than
+    Python's recursion limit) raise TaskDataError naming the row."""
     if raw is None:
         return None
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as error:
+        return _loads(raw)
+    except _NonFinite as error:
+        raise TaskDataError(
+            f"task_data of {where} holds {error.args[0]}: NaN or an infinity, which JSON cannot "
+            "hold (Ekbatan refuses them when writing too); reschedule it with null or a finite "
+            "number, or cancel it"
+        ) from None
+    except RecursionError:
+        raise TaskDataTooDeep(
+            f"task_data of {where} nests too deeply to decode ({len(raw)} bytes); reschedule "
+            "it with flatter data or cancel it"
+        ) from None
+    except ValueError as error:  # also UnicodeDecodeError
         raise TaskDataError(
             f"task_data of {where} is not UTF-8 JSON ({len(raw)} bytes, starts {raw[:16]!r}); "
             "was it written by another scheduler? Reschedule it with JSON data or cancel it"

@@ -76,6 +76,12 @@ def parse_iso_duration(text: str, *, setting: str | None = None) -> timedelta:
     Raises ScheduleError for anything else (shorthands, negatives, years and months).
     """
     where = _where(setting)
+    return _amount(text, _iso_parts(text, where), where)
+
+
+def _iso_parts(text: object, where: str) -> dict[str, str | None]:
+    """The fields of ``text`` read as an ISO-8601 duration: the form only (a string, not
+    negative, the designators in order), not the size of the numbers."""
     if not isinstance(text, str):
         raise ScheduleError(
             f"{text!r} is not an ISO-8601 duration{where}; expected a string like {_EXAMPLES}"
@@ -88,7 +94,11 @@ def parse_iso_duration(text: str, *, setting: str | None = None) -> timedelta:
     match = _ISO.fullmatch(stripped)
     if match is None or not any(match.groupdict().values()):
         raise ScheduleError(_rejection(text, stripped, where))
-    parts = match.groupdict()
+    return match.groupdict()
+
+
+def _amount(text: str, parts: dict[str, str | None], where: str) -> timedelta:
+    """The duration the fields add up to: at most microseconds, within ``timedelta``."""
     whole, _, fraction = (parts["seconds"] or "0").replace(",", ".").partition(".")
     fraction = fraction.rstrip("0")
     if len(fraction) > 6:

@@ -42,6 +42,14 @@ class DatabaseUnavailable(EkbatanError, ConnectionError):
     by themselves; a call of the client raises it."""
 
 
+class DatabaseLoginRefused(DatabaseUnavailable):
+    """The database server answered but refused the configured user's login (a wrong
+    password, an unknown user, a host its access rules do not admit) or has no database of
+    the URL's name. The message names where and the fix, never the user's name. The
+    scheduler's loops retry (a database created meanwhile is used); a call of the client
+    raises it."""
+
+
 class DatabaseTimeout(DatabaseUnavailable, TimeoutError):
     """A statement got no answer within ``statement_timeout``; its connection was discarded
     (it may have died without a reset). The scheduler's loops retry on a new connection."""
@@ -60,3 +68,13 @@ class ExecutionSuperseded(EkbatanError):
 class JobTimedOut(EkbatanError, TimeoutError):
     """An execution ran longer than its job's ``timeout()`` (recorded as its error; the
     history outcome is ``timed_out``)."""
+
+
+class ExecutionCancelled(EkbatanError):
+    """A running execution was stopped on request (``client.cancel_running``, the admin route,
+    ``ekbatan-jobs cancel``): the history outcome is ``cancelled``, its message says
+    who asked and why. A recurring job goes on with its next slot; a one-time task is removed."""
+
+
+class NotRunningError(TaskNotFoundError):
+    """``cancel_running`` named a task instance that is not running right now."""

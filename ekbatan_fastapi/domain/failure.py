@@ -1,7 +1,8 @@
 """What happens to a one-time task instance whose execution raised.
 
-A recurring job is always rescheduled per its schedule after a failure (db-scheduler's
-behaviour); these handlers apply to ``OneTimeJob`` instances.
+A ``OneTimeJob`` instance is retried per its job's ``failure_handler()``; a recurring job's
+failed slot is retried the same way when its ``DistributedJob.failure_handler()`` names one
+(by default it is not: db-scheduler's behaviour, the next slot follows).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .catchup import CatchUp
     from .context import ExecutionContext
     from .failure import FailureHandler
+    from .overlap import Overlap
     from .schedules import Schedule
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "data_model_of",
     "distributed_job",
     "is_distributed_job",
+    "pause_threshold",
     "schedule_of",
 ]
 
@@ -77,6 +79,69 @@ class DistributedJob(Job):
         from .catchup import CatchUp
 
         return CatchUp.latest()
+
+    def overlap(self) -> Overlap:
+        """What happens to a slot that comes due while an execution of the job still runs:
+        ``Overlap.skip()`` (the default: it does not run), ``Overlap.buffer_one()`` (the
+        first such slot runs right after) or ``Overlap.cancel_other()`` (it stops the running
+        execution, then runs); see ``Overlap``."""
+        from .overlap import Overlap
+
+        return Overlap.skip()
+
+    def failure_handler(self) -> FailureHandler | None:
+        """How a failed slot is retried: ``RetryLater``, ``ExponentialBackoff``, ``MaxRetries``
+        (as for one-time jobs), or None (the default, db-scheduler's behaviour: the next slot
+        follows). A retry runs the same slot (``ctx.execution_time`` unchanged, ``ctx.attempt``
+        2, 3...); a retry that would come at or after the next slot's time is dropped, and the
+        schedule goes on with that slot."""
+        return None
+
+    def pause_after_failures(self) -> int | None:
+        """Pause the job cluster-wide after this many consecutive failed attempts (the row's
+        ``consecutive_failures``: a slot's retries count too), ``paused_by="ekbatan"``, the
+        reason naming the count and the last error; ``resume`` clears it as any pause. None
+        (the default): never."""
+        return None
+
+    def record_missed_slots(self) -> bool | None:
+        """Record each slot that passes without a run in the history (outcome ``missed``,
+        its reason: merged by ``CatchUp.latest``, skipped by the catch-up policy, due while a
+        run was going) and tell it to ``slot_missed``; None (the default): as the
+        ``record_missed_slots`` setting says (on unless turned off)."""
+        return None
+
+
+def records_missed(job: Job, default: bool) -> bool:
+    """Whether ``job`` records its missed slots (its ``record_missed_slots()``, checked, or
+    ``default``, the setting)."""
+    method = getattr(job, "record_missed_slots", None)
+    value = method() if method is not None else None
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        from .errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"{job.name()}.record_missed_slots() must return True, False or None (follow the "
+            f"record_missed_slots setting), got {value!r}"
+        )
+    return value
+
+
+def pause_threshold(job: Job) -> int | None:
+    """The job's ``pause_after_failures()``, checked: a whole number >= 1, or None."""
+    value = getattr(job, "pause_after_failures", lambda: None)()
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        from .errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"{job.name()}.pause_after_failures() must return a whole number >= 1 or None, "
+            f"got {value!r}"
+        )
+    return value
 
 
 def schedule_of(job: DistributedJob) -> Schedule:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .records import JobDefinition
+from .rows import JobDefinition
 
 __all__ = ["Decision", "compare_versions", "decide"]
 

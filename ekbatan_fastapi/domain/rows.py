@@ -1,25 +1,36 @@
-"""Plain values that cross the store boundary: rows of ``scheduled_tasks`` and the results to
-write into them."""
+"""Plain values that cross the store boundary: the rows of ``scheduled_tasks`` and the results
+to write into them; the rows of our own tables (execution history, pauses, instances, job
+definitions) and how an execution ended (``outcome_of``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import IntEnum, StrEnum
+from operator import itemgetter
 from typing import NamedTuple
+
+from .errors import ExecutionCancelled, JobTimedOut
 
 __all__ = [
     "PARKED_TIME",
     "RECURRING_INSTANCE",
+    "ExecutionRecord",
     "Finish",
     "FinishKind",
+    "InstanceInfo",
+    "JobDefinition",
     "NewTask",
+    "Outcome",
+    "Own",
     "Owned",
+    "PauseInfo",
     "PollResult",
     "PollingStrategy",
     "Revival",
     "TaskKey",
     "TaskRow",
+    "outcome_of",
 ]
 
 RECURRING_INSTANCE = "recurring"
@@ -54,6 +65,7 @@ class TaskRow(NamedTuple):
 
     @property
     def key(self) -> TaskKey:
+        """``(task_name, task_instance)`` (replaced below by a C getter: no Python call)."""
         return (self.task_name, self.task_instance)
 
 
@@ -78,7 +90,12 @@ class Owned(NamedTuple):
 
     @property
     def key(self) -> TaskKey:
+        """``(task_name, task_instance)`` (replaced below by a C getter: no Python call)."""
         return (self.task_name, self.task_instance)
+
+
+# Read once or twice per execution: a C getter instead of a Python call.
+TaskRow.key = Owned.key = property(itemgetter(0, 1))  # type: ignore[assignment,method-assign]
 
 
 class FinishKind(IntEnum):
@@ -115,6 +132,18 @@ class PollResult:
     next_due: datetime | None
     more_due: bool = False
     """The poll saw a full batch of due rows (claimed or lost to a peer): poll again now."""
+    held: tuple[tuple[str, datetime], ...] = ()
+    """Rows of the polled names picked by other instances (task name, execution time), as a
+    poll about to sleep read them (lock-and-fetch): a recurring one comes due again at its
+    next slot, and their owners are what the liveness watch judges. Empty when not read."""
+
+
+class Own(NamedTuple):
+    """The instance that checks for dead executions: its ``scheduler_name`` and when this
+    incarnation became ready (database time); see ``TaskStore.revive_dead``."""
+
+    name: str
+    since: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +163,133 @@ class PollingStrategy(StrEnum):
     """Select due rows, then claim them with a version-guarded update (db-scheduler's default)."""
     LOCK_AND_FETCH = "lock-and-fetch"
     """Claim in one statement with ``FOR UPDATE SKIP LOCKED``."""
+
+
+# -- our own tables' rows, and how an execution ended -------------------------------------------
+
+
+class Outcome(StrEnum):
+    """How an execution ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+    """Its row was revived elsewhere meanwhile: its result was not recorded."""
+    CANCELLED = "cancelled"
+    """Cancelled at shutdown (its slot was released to run again), or stopped on request
+    (``client.cancel_running``: the message says who asked and why)."""
+    TIMED_OUT = "timed_out"
+    """Ran longer than its job's ``timeout()``: a failure."""
+    SKIPPED = "skipped"
+    """Not an execution: slots its catch-up policy did not run (the message says which)."""
+    MISSED = "missed"
+    """Not an execution: a slot that passed without a run (``record_missed_slots``): its
+    ``error_class`` is the reason (``coalesced``, ``overlap``, ``catch_up``), its message
+    says more; a record whose message starts with a count stands for that many older slots
+    of one span (a completion names its newest 100)."""
+    PARKED = "parked"
+    """A typed one-time job's stored data no longer fits its model: ``execute`` was not
+    called, and the row waits, unpicked, for a fix (``reschedule`` with data) or a
+    ``cancel`` (the message names the fields; docs/task-data.md)."""
+
+
+def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> Outcome:
+    """The outcome of an execution whose result ``finish`` was (``recorded``) or was not
+    written."""
+    if error is None and recorded and finish.kind in _PLAIN_SUCCESS:  # the common case first
+        return Outcome.SUCCEEDED
+    if not recorded:
+        return Outcome.SUPERSEDED
+    if finish.kind is FinishKind.RELEASED or isinstance(error, ExecutionCancelled):
+        return Outcome.CANCELLED
+    if finish.kind is FinishKind.SKIPPED:
+        return Outcome.SKIPPED
+    if isinstance(error, JobTimedOut):
+        return Outcome.TIMED_OUT
+    if finish.kind is FinishKind.FAILED and finish.next_time == PARKED_TIME:
+        return Outcome.PARKED
+    if finish.kind is FinishKind.FAILED or error is not None:
+        return Outcome.FAILED
+    return Outcome.SUCCEEDED
+
+
+_PLAIN_SUCCESS = frozenset((FinishKind.DELETED, FinishKind.SUCCEEDED))
+
+
+class ExecutionRecord(NamedTuple):
+    """One execution in the history (``ekbatan_execution_history``): read from the table, or
+    about to be written to it. Immutable (a named tuple: one is built per execution, and a
+    named tuple takes a fifth of a frozen dataclass's time to build).
+
+    ``id`` is set once stored. ``version`` is the claim's version, known only while writing:
+    where the completion statement writes the history itself (PostgreSQL), it turns
+    ``outcome`` into ``superseded`` when the version-guarded write matched no row.
+    """
+
+    task_name: str
+    task_instance: str
+    execution_time: datetime
+    picked_by: str | None
+    started_at: datetime
+    finished_at: datetime
+    outcome: str
+    error_class: str | None
+    error_message: str | None
+    id: int | None = None
+    version: int | None = None
+
+    @property
+    def duration_seconds(self) -> float:
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class PauseInfo:
+    """A paused task: who paused it, when and why."""
+
+    task_name: str
+    paused_by: str | None
+    paused_at: datetime
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """A scheduler instance as it last reported itself."""
+
+    name: str
+    host: str
+    pid: int
+    started_at: datetime
+    last_seen: datetime
+    library_version: str
+    alive: bool
+    """Seen within the dead window (``heartbeat_interval x missed_heartbeats_limit``)."""
+
+
+@dataclass(frozen=True)
+class JobDefinition:
+    """A job as the instance that last registered it described it (``ekbatan_jobs``)."""
+
+    task_name: str
+    kind: str
+    """``recurring`` or ``one-time``."""
+    schedule: str | None
+    """The schedule in db-scheduler's form (``FIXED_RATE|PT1M``): recurring jobs only."""
+    fingerprint: str | None
+    app_version: str | None
+    """The application version that wrote it (``jobs.app-version``), if configured."""
+    timeout: timedelta | None
+    max_concurrency: int | None
+    keyed: bool
+    """The concurrency limit is per ``concurrency_key``."""
+    written_by: str
+    written_at: datetime
+    catch_up: str | None = None
+    """A recurring job's catch-up policy (``latest``, ``all(max_slots=48)``, ``skip(...)``)."""
+    missed: int = 0
+    """Slots coalesced into a later run (``CatchUp.latest``), cluster-wide, as counted."""
+    caught_up: int = 0
+    """Slots run late, one by one (``CatchUp.all``)."""
+    skipped: int = 0
+    """Slots not run by the policy (``CatchUp.skip``; ``CatchUp.all`` past ``max_slots``)."""

@@ -8,6 +8,7 @@ this module has the fixed ones, the string forms and the ``Schedules`` factory.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
@@ -46,9 +47,14 @@ class FixedDelay(Schedule):
         return utc(now, "now")
 
     def next_execution_time(self, last_slot: datetime, now: datetime) -> datetime:
-        utc(last_slot, "last_slot")
+        # the usual case (UTC datetimes: the database's, the clock's) tested here, not in utc()
+        if not (now.__class__ is last_slot.__class__ is datetime) or not (
+            now.tzinfo is last_slot.tzinfo is UTC
+        ):
+            utc(last_slot, "last_slot")
+            now = utc(now, "now")
         try:
-            return utc(now, "now") + self.delay
+            return now + self.delay
         except OverflowError:
             raise beyond_range("fixed-delay") from None
 
@@ -141,7 +147,8 @@ _EXPECTED = {
     "FIXED_DELAY": _DURATION_FORM.format("FIXED_DELAY"),
     "FIXED_RATE": _DURATION_FORM.format("FIXED_RATE"),
     "DAILY": "DAILY|HH:MM[:SS][,HH:MM...][|zone], e.g. DAILY|12:00,13:45|Europe/Rome",
-    "CRON": "CRON|<5 or 6 field cron expression>[|zone], e.g. CRON|0 2 * * *|Europe/Rome",
+    "CRON": "CRON|<cron expression: 5 fields, or 6 with seconds first>[|zone], e.g. "
+    "CRON|0 2 * * *|Europe/Rome",
 }
 _JITTER = "JITTER="
 _LEGACY_SECONDS = re.compile(r"([0-9]{1,15})[sS]")
@@ -174,18 +181,32 @@ def _build(kind: str, parts: list[str]) -> Schedule:
         raise ScheduleError("too many '|' parts")
     zone = load_zone(parts[1]) if len(parts) == 2 else UTC_ZONE
     if kind == "CRON":
-        return Cron(parts[0], zone)
+        # db-scheduler's string form: six fields are seconds first by its own rule
+        return Cron(parts[0], zone, seconds=len(parts[0].split()) == 6)
     return Daily(tuple(_parse_time(item) for item in parts[0].split(",")), zone)
+
+
+_PARSED_KEPT = 4096
+"""Schedule strings whose parse is kept (``parse_schedule``)."""
 
 
 def parse_schedule(text: str) -> Schedule:
     """Parse db-scheduler's string forms (``FIXED_DELAY|120s``, ``DAILY|12:00|Europe/Rome``,
     ``-``) plus ours (ISO durations, ``FIXED_RATE|PT1H``, ``CRON|0 2 * * *|UTC``).
 
-    Raises ScheduleError, quoting ``text`` and the expected form, for anything else.
-    """
-    if not isinstance(text, str):
-        raise ScheduleError(f"a schedule must be a string such as {_FORMS}, got {text!r}")
+    Raises ScheduleError, quoting ``text`` and the expected form, for anything else. The
+    last ``_PARSED_KEPT`` strings' schedules are kept (they are immutable): a schedule row is
+    read at each of its slots, and 1,000 rows of one schedule coming due together parse it
+    once (an error is not kept)."""
+    if type(text) is not str:
+        if not isinstance(text, str):
+            raise ScheduleError(f"a schedule must be a string such as {_FORMS}, got {text!r}")
+        text = str(text)
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=_PARSED_KEPT)
+def _parse(text: str) -> Schedule:
     stripped = text.strip()
     if stripped == "-":
         return Disabled()
@@ -208,6 +229,8 @@ def parse_schedule(text: str) -> Schedule:
         return schedule if jitter is None else Jittered(schedule, parse_iso_duration(jitter))
     except ScheduleError as exc:
         raise _invalid(text, str(exc), expected) from None
+    except OverflowError:  # FIXED_DELAY|99999999999999s: past the longest timedelta
+        raise _invalid(text, "the duration is too large", expected) from None
 
 
 class Schedules:
@@ -224,6 +247,10 @@ class Schedules:
         return Daily(times, zone_of(zone))
 
     @staticmethod
-    def cron(expression: str, zone: str | ZoneInfo | None = None) -> Cron:
-        """Run when the 5- or 6-field (seconds first) cron ``expression`` matches."""
-        return Cron(expression, zone_of(zone))
+    def cron(expression: str, zone: str | ZoneInfo | None = None, *, seconds: bool = False) -> Cron:
+        """Run when the cron ``expression`` matches: five fields (minute hour day-of-month
+        month weekday), or six with ``seconds=True`` (second first, as in db-scheduler:
+        ``Schedules.cron("0 */5 * * * *", seconds=True)``). Six fields without it are an
+        error that shows how they read: a stray field must not silently mean another
+        schedule."""
+        return Cron(expression, zone_of(zone), seconds=seconds)

@@ -12,8 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .codec import decode_data
-from .records import PauseInfo
-from .rows import PARKED_TIME, TaskRow
+from .rows import PARKED_TIME, PauseInfo, TaskRow
 from .schedules import Schedule
 
 __all__ = [

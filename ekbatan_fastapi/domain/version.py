@@ -1,4 +1,5 @@
-"""The library's version (the package metadata reads it from here)."""
+"""The library's version, written only here: ``pyproject.toml`` reads it (``dynamic``), and
+so do the package metadata and ``ekbatan_fastapi.__version__`` (CHANGELOG.md, "Version policy")."""
 
 from __future__ import annotations
 

@@ -267,6 +267,27 @@ def _looks_like_seconds_last(fields: list[str]) -> bool:
     )
 
 
+def _check_seconds(expression: str, seconds: bool) -> None:
+    """Six fields only with ``seconds=True``, and ``seconds=True`` only with six fields."""
+    fields = expression.split()
+    if len(fields) == 6 and not seconds:
+        reading = ", ".join(
+            f"{name} {text}" for text, (name, _, _) in zip(fields, _CRON_FIELDS, strict=True)
+        )
+        raise ScheduleError(
+            f"cron expression {expression!r} has six fields, which read {reading} (seconds "
+            f"first, as in db-scheduler): if that is meant, say so with seconds=True "
+            f"(Schedules.cron({expression!r}, seconds=True)); a five-field cron is minute "
+            f"hour day-of-month month weekday, e.g. {' '.join(fields[:5])!r}"
+        )
+    if seconds and len(fields) != 6:
+        raise ScheduleError(
+            f"cron expression {expression!r} has no seconds field, but seconds=True was "
+            "given: six fields put seconds first (e.g. '30 0 2 * * *' is 02:00:30); drop "
+            "seconds=True for a five-field cron or an alias"
+        )
+
+
 def _check_fields(expression: str) -> None:
     """Each field on its own, named as the user wrote it: values and steps in range (croniter
     accepts ``*/61`` seconds), then what croniter makes of the field alone (names, ``L``,
@@ -319,12 +340,19 @@ def _check_fields(expression: str) -> None:
 class Cron(_WallClock):
     """Run at the times a cron expression matches, in an IANA zone (UTC by default).
 
-    Five fields are standard cron; six fields put seconds first (Spring/Quartz style,
-    ``0 */5 * * * *`` is every five minutes). Aliases such as ``@daily`` are accepted.
+    Five fields are standard cron (minute hour day-of-month month weekday). Six fields put
+    seconds first (db-scheduler's and Spring's order: ``0 */5 * * * *`` is every five
+    minutes) and need ``seconds=True``: a stray sixth field (``0 2 * * * *`` written for
+    ``0 2 * * *``) would otherwise silently mean another schedule. The string form
+    (``CRON|...``, db-scheduler's) reads six fields as seconds first by itself. Aliases such
+    as ``@daily`` are accepted.
     """
 
     expression: str
     zone: ZoneInfo = field(default=UTC_ZONE, compare=False)
+    seconds: bool = field(default=False, compare=False, kw_only=True)
+    """The expression has six fields, seconds first (checked: six fields need it, and it
+    needs six fields)."""
     _zone_key: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -332,6 +360,7 @@ class Cron(_WallClock):
             raise ScheduleError(f"a cron expression must be a string, got {self.expression!r}")
         expression = " ".join(self.expression.split())
         _validate_cron(expression)
+        _check_seconds(expression, self.seconds)
         object.__setattr__(self, "expression", expression)
         self._init_zone()
 

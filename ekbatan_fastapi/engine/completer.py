@@ -5,23 +5,21 @@ the observers; a write that fails is retried with backoff until it gets an answe
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..domain.job import RECURRING_INSTANCE
 from ..domain.logs import library_logger
-from ..domain.records import ExecutionRecord
-from ..domain.rows import Finish, FinishKind, TaskKey
+from ..domain.rows import ExecutionRecord, Finish, FinishKind, TaskKey
 from ..store.tasks import HistoryTableMissing, HistoryUnwritable, TaskStore
-from .alarm import Alarm
-from .backoff import Backoff
 from .config import SchedulerConfig
 from .execution import Execution
 from .history import HistoryRecorder
-from .link import DatabaseLink
 from .logs import log_extra
 from .observer import ObserverDispatch, finished_event
-from .running import RunningExecutions
+from .poller import Alarm, Backoff, DatabaseLink
+from .running import Capacity
 from .slots import SlotCounter
 
 __all__ = ["Completer"]
@@ -59,7 +57,7 @@ class Completer:
         config: SchedulerConfig,
         link: DatabaseLink,
         alarm: Alarm,
-        running: RunningExecutions,
+        running: Capacity,
         history: HistoryRecorder,
         observer: ObserverDispatch,
         limited: set[str] | None = None,
@@ -97,25 +95,27 @@ class Completer:
             )
             return
         execution.recording = True
-        self.pending.append((finish, execution))
-        self._ready.set()
+        pending = self.pending
+        pending.append((finish, execution))
+        if len(pending) == 1:  # the loop waits only when nothing is pending (``run``)
+            self._ready.set()
 
     def settled(self, finish: Finish, execution: Execution) -> None:
         """A result ``ctx.transaction()`` committed with the effects: nothing to write, only
         what follows a recorded result (no I/O)."""
         execution.recording = True
-        self._after_write(finish, execution, True, ambiguous=False)
+        self.running.recorded((execution,))
+        self._settle([(finish, execution)], None, ambiguous=False, history=False)
         if not execution.history_written:
             self.history.record(execution, finish, True)
-        self.running.recorded()
-        if self.counter is not None and self.counter.pending:
+        if (counter := self.counter) is not None and (counter.pending or counter.streaks):
             self._ready.set()
 
     async def _room_freed(self, finishes: Iterable[Finish]) -> None:
         """A limited job's execution ended: its place is free. Claim again here, and (where
         the dialect can) tell every instance, so that waiting work does not wait for a
         polling interval."""
-        if not self.limited or not any(f.owned.task_name in self.limited for f in finishes):
+        if not any(f.owned.task_name in self.limited for f in finishes):
             return
         self.alarm.request_poll()
         if self.tasks.supports_notify:
@@ -130,38 +130,44 @@ class Completer:
         self._ready.set()
 
     async def run(self) -> None:
+        """The completer's loop: write what is pending, in batches, until closed."""
+        backoff = Backoff(self.config.polling_interval.total_seconds())
+        failed = False
         try:
-            await self._run()
+            while True:
+                if not self.pending:
+                    counter = self.counter  # its ``waiting``, written out (once per batch)
+                    if counter is not None and (counter.pending or counter.streaks):
+                        await counter.flush()
+                    if self.closed:
+                        return
+                    self.lease.idle()
+                    await self._ready.wait()
+                    self._ready.clear()
+                    continue
+                batch = self._next_batch()
+                try:
+                    recorded = await self._write(batch)
+                except _WriteFailed:
+                    failed = True
+                    await asyncio.sleep(backoff.next())
+                    continue
+                if recorded is None:
+                    continue
+                self.link.answered()
+                if failed:
+                    failed = False
+                    backoff.reset()
+                ambiguous, self._retrying, self._history_refused = self._retrying, False, False
+                del self.pending[: len(batch.items)]
+                self.running.recorded([e for _, e in batch.items])
+                self._settle(
+                    batch.items, (recorded, batch), ambiguous, history=not batch.history_inline
+                )
+                if self.limited:
+                    await self._room_freed(f for f, _ in batch.items)
         finally:
             await self.lease.release()
-
-    async def _run(self) -> None:
-        backoff = Backoff(self.config.polling_interval.total_seconds())
-        while True:
-            if not self.pending:
-                if self.counter is not None and self.counter.pending:
-                    await self.counter.flush()
-                if self.closed:
-                    return
-                self.lease.idle()
-                await self._ready.wait()
-                self._ready.clear()
-                continue
-            batch = self._next_batch()
-            try:
-                recorded = await self._write(batch)
-            except _WriteFailed:
-                await asyncio.sleep(backoff.next())
-                continue
-            if recorded is None:
-                continue
-            self.link.answered()
-            backoff.reset()
-            ambiguous, self._retrying, self._history_refused = self._retrying, False, False
-            del self.pending[: len(batch.items)]
-            self._settle(batch, recorded, ambiguous)
-            self.running.recorded()
-            await self._room_freed(f for f, _ in batch.items)
 
     def _next_batch(self) -> _Batch:
         items = self.pending[:MAX_BATCH]
@@ -185,32 +191,44 @@ class Completer:
         current = [f for f, _ in items if f.owned.version == newest[f.owned.key]]
         return _Batch(items, current, newest)
 
-    @property
-    def _history_inline(self) -> bool:
-        """Whether this batch's history goes with the completion statement."""
-        return (
-            self.tasks.writes_history_with_finish
-            and self.history.enabled
-            and not self._history_refused
-        )
-
     async def _write(self, batch: _Batch) -> set[TaskKey] | None:
         """Send one batch; the keys recorded, or None to send it again at once (its history
         could not be written). ``_WriteFailed``: the database failed; try again after a
         backoff."""
-        batch.history_inline = self._history_inline
+        # this batch's history goes with the completion statement
+        batch.history_inline = (
+            self.tasks.writes_history_with_finish
+            and self.history.history_enabled
+            and self.history.ops.presence.present
+            and not self._history_refused
+        )
         history: list[ExecutionRecord] = (
             [e.record(f) for f, e in batch.items] if batch.history_inline else []
         )
+        wants = self.observer.wants
+        sending = self.tasks.finish(
+            batch.current,
+            lease=self.lease,
+            history=history,
+            picked_by=self.name,
+            retry=self._retrying,
+        )
         try:
-            with self.observer.statement_scope("complete", len(batch.current)):
-                return await self.tasks.finish(
-                    batch.current,
-                    lease=self.lease,
-                    history=history,
-                    picked_by=self.name,
-                    retry=self._retrying,
-                )
+            if "statement_scope" not in wants and "results_written" not in wants:
+                return await sending
+            began = time.monotonic()
+            try:
+                with self.observer.statement_scope("complete", len(batch.current)):
+                    recorded = await sending
+            except BaseException as error:
+                if "results_written" in wants:
+                    seconds = time.monotonic() - began
+                    self.observer.results_written(batch.current, None, error, seconds)
+                raise
+            if "results_written" in wants:
+                seconds = time.monotonic() - began
+                self.observer.results_written(batch.current, recorded, None, seconds)
+            return recorded
         except HistoryTableMissing as error:
             self.history.table_lost(error)
         except HistoryUnwritable as error:
@@ -223,38 +241,61 @@ class Completer:
             raise _WriteFailed from error
         return None
 
-    def _settle(self, batch: _Batch, recorded: set[TaskKey], ambiguous: bool) -> None:
-        """After a batch was written: forget its executions, buffer their history (where the
-        completion did not write it), tell the observers, and plan the next slots."""
-        for finish, execution in batch.items:
-            key = execution.row.key
-            ok = key in recorded and finish.owned.version == batch.newest[key]
-            if not batch.history_inline:
-                self.history.record(execution, finish, ok)
-            self._after_write(finish, execution, ok, ambiguous=ambiguous)
-
-    def _after_write(
-        self, finish: Finish, execution: Execution, ok: bool, *, ambiguous: bool
+    def _settle(
+        self,
+        items: list[tuple[Finish, Execution]],
+        recorded: tuple[set[TaskKey], _Batch] | None,
+        ambiguous: bool,
+        *,
+        history: bool,
     ) -> None:
-        """One result written (``ok``) or found superseded: forget the execution, tell the
-        observers, plan the recurring row's next slot."""
-        self.running.forget(execution)
-        if self.observer.active and finish.kind is not FinishKind.SKIPPED:  # not an execution
-            self.observer.execution_finished(finished_event(execution, finish, ok))
-        if not ok:
-            log.warning(
-                "%s (slot %s) finished, but its row was revived by another instance "
-                "meanwhile: result not recorded%s",
+        """After results were written (``recorded``: the keys the store answered, and their
+        batch; None: committed by ``ctx.transaction()``) or found superseded: buffer their
+        history (``history``: where the completion did not write it), tell the observers,
+        plan the recurring rows' next slots. (The executions were forgotten already.)"""
+        wants_finished = "execution_finished" in self.observer.wants
+        for finish, execution in items:
+            if recorded is None:
+                ok = True
+            else:
+                keys, batch = recorded
+                key = execution.row.key
+                ok = key in keys and finish.owned.version == batch.newest[key]
+            if history:
+                self.history.record(execution, finish, ok)
+            # a skipped slot is no execution
+            if wants_finished and finish.kind is not FinishKind.SKIPPED:
+                self.observer.execution_finished(finished_event(execution, finish, ok))
+            if ok:
+                if self.counter is not None:
+                    self.counter.count(execution, finish)
+                if finish.next_time is not None and (
+                    finish.owned.task_instance == RECURRING_INSTANCE
+                    or execution.persistent is not None
+                ):
+                    self.alarm.note_due(finish.next_time)
+            else:
+                self._not_recorded(execution, ambiguous)
+
+    def _not_recorded(self, execution: Execution, ambiguous: bool) -> None:
+        """A result found superseded: say why nothing was recorded."""
+        if execution.persistent is not None and not ambiguous:
+            log.info(
+                "%s (slot %s) finished; its schedule was deleted, or revived elsewhere, "
+                "meanwhile: nothing recorded",
                 execution.label,
                 execution.row.execution_time.isoformat(),
-                " (or recorded by an earlier attempt of this write whose answer was "
-                "lost to the database error)"
-                if ambiguous
-                else "",
                 extra=log_extra(execution.row, self.name),
             )
-        else:
-            if self.counter is not None:
-                self.counter.count(execution, finish)
-            if finish.next_time is not None and finish.owned.task_instance == RECURRING_INSTANCE:
-                self.alarm.note_due(finish.next_time)
+            return
+        log.warning(
+            "%s (slot %s) finished, but its row was revived by another instance "
+            "meanwhile: result not recorded%s",
+            execution.label,
+            execution.row.execution_time.isoformat(),
+            " (or recorded by an earlier attempt of this write whose answer was "
+            "lost to the database error)"
+            if ambiguous
+            else "",
+            extra=log_extra(execution.row, self.name),
+        )

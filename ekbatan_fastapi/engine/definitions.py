@@ -14,20 +14,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import time
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 
 from ..domain.catchup import CatchUp
 from ..domain.job import DistributedJob, Job
 from ..domain.limits import JobLimits
 from ..domain.logs import library_logger
-from ..domain.records import JobDefinition
 from ..domain.rollout import Decision, decide
+from ..domain.rows import JobDefinition
 from ..domain.schedules import Schedule, parse_schedule
 from ..store.jobs import JobsStore
 from .config import SchedulerConfig
-from .pace import paced
+from .poller import paced
 
 __all__ = ["PRE_COMPLETION_MAX_AGE", "Definitions", "definition_of", "fingerprint"]
 
@@ -73,14 +74,16 @@ def definition_of(
 
 
 class Definitions:
-    """The stored definitions of this instance's jobs, and the schedules it runs them by."""
+    """The stored definitions of this instance's jobs, and the schedules it runs them by: the
+    one home of each recurring job's current schedule (``schedule``, ``current``), which the
+    executor, the poller, startup and the read model ask for."""
 
     def __init__(
         self,
         *,
         name: str,
         jobs: Mapping[str, Job],
-        schedules: MutableMapping[str, Schedule],
+        schedules: Mapping[str, Schedule],
         catch_ups: Mapping[str, CatchUp],
         limits: Mapping[str, JobLimits],
         store: JobsStore,
@@ -89,14 +92,17 @@ class Definitions:
     ) -> None:
         self.name = name
         self.jobs = jobs
-        self.schedules = schedules
-        """Shared with the executor: a recurring job's entry is the schedule it runs by."""
-        self.local = dict(schedules)
+        self._current = dict(schedules)
+        """Each recurring job's schedule it runs by now (its own, or an adopted one)."""
+        self.local: Mapping[str, Schedule] = MappingProxyType(dict(schedules))
         """This instance's own schedules (what its code says)."""
         self.catch_ups = catch_ups
         self.limits = limits
         self.store = store
         self.config = config
+        self._monotonic = config.clock.monotonic
+        """The configured clock's monotonic time (the executor compares ``fresh_until`` with
+        it)."""
         self.adopted: dict[str, JobDefinition] = {}
         """Recurring jobs run by a stored schedule a newer version wrote."""
         self._seen: datetime | None = None
@@ -114,7 +120,19 @@ class Definitions:
         a stamp of its own)."""
         self._ours: dict[str, JobDefinition] | None = None
         self._refreshed = -1e9
+        self.fresh_until = -1e9 if self.local else math.inf
+        """Until when (``config.clock.monotonic()``) a re-read before a recording is not due:
+        the executor compares it with that clock inline before awaiting ``refresh``
+        (infinite: no job of this instance to re-read)."""
         self._refreshing: asyncio.Task[None] | None = None
+
+    def schedule(self, name: str) -> Schedule | None:
+        """The schedule ``name`` runs by now (None: not a recurring job of this instance)."""
+        return self._current.get(name)
+
+    def current(self) -> Mapping[str, Schedule]:
+        """Every recurring job's schedule it runs by now (a read-only live view)."""
+        return MappingProxyType(self._current)
 
     def ours(self) -> dict[str, JobDefinition]:
         """This instance's definition of each of its jobs (built once)."""
@@ -168,7 +186,7 @@ class Definitions:
         self._note_seen(stored.values())
         self._handled.update(written)  # its own: not to decide again at the next re-read
         self._stamps = frozenset(written.values())
-        self._refreshed = time.monotonic()
+        self._mark_refreshed(self._monotonic())
         return decisions
 
     def _note_seen(self, definitions: Iterable[JobDefinition]) -> None:
@@ -195,7 +213,7 @@ class Definitions:
                 extra={"task_name": name},
             )
             return
-        self.schedules[name] = schedule
+        self._current[name] = schedule
         self.adopted[name] = stored
         log.info(
             "%s runs by the schedule %s that %s stored (%s); this instance's own is %s",
@@ -211,13 +229,18 @@ class Definitions:
         """Re-read the definitions written since the last look (at most every ``max_age``
         seconds; concurrent callers share one read). A failure is logged and ignored: the
         next round tries again."""
-        if not self.local or not self.store.present:
+        if not self.local or not self.store.presence.present:
             return
-        if time.monotonic() - self._refreshed < max_age:
+        if self._monotonic() - self._refreshed < max_age:
             return
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.ensure_future(self._refresh())
         await asyncio.shield(self._refreshing)
+
+    def _mark_refreshed(self, at: float) -> None:
+        self._refreshed = at
+        if self.local:
+            self.fresh_until = at + PRE_COMPLETION_MAX_AGE
 
     async def close(self) -> None:
         """At a stop: end a shared re-read still running (its callers, cancelled, left it
@@ -229,7 +252,7 @@ class Definitions:
                 await task
 
     async def _refresh(self) -> None:
-        started, read_at = time.monotonic(), self._now()
+        started, read_at = self._monotonic(), self._now()
         # From the newest definition seen, or from when the last read began, whichever is
         # later: definitions all written together (at a deploy) are not read again and again.
         floors = [t for t in (self._seen, self._read_at) if t is not None]
@@ -241,7 +264,8 @@ class Definitions:
         except Exception as error:
             log.debug("%s: could not re-read the job definitions: %s", self.name, error)
             return
-        self._refreshed, self._read_at = started, read_at
+        self._read_at = read_at
+        self._mark_refreshed(started)
         changed = [
             d
             for d in found.values()
@@ -253,7 +277,7 @@ class Definitions:
             decision = decide(ours[name], stored)
             if decision.ours:
                 if self.adopted.pop(name, None) is not None:
-                    self.schedules[name] = self.local[name]
+                    self._current[name] = self.local[name]
                     log.info("%s runs by this instance's own schedule again", name)
             else:
                 self._adopt(name, stored, decision)

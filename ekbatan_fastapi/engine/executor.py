@@ -10,29 +10,48 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from ..domain.backfill import backfill_slot
 from ..domain.catchup import CatchUp, SlotPlan, plan
 from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
-from ..domain.errors import ExecutionSuperseded, JobTimedOut
-from ..domain.job import RECURRING_INSTANCE, Job
+from ..domain.errors import ExecutionCancelled, ExecutionSuperseded, JobTimedOut
+from ..domain.job import (
+    RECURRING_INSTANCE,
+    DistributedJob,
+    Job,
+    pause_threshold,
+    records_missed,
+)
 from ..domain.limits import JobLimits
-from ..domain.logs import bind_log_context, library_logger
+from ..domain.logs import LOG_CONTEXT, library_logger
+from ..domain.overlap import Overlap, next_due_after, overlap_reason, read_buffer_mark
+from ..domain.persistent import PersistentScheduleJob
+from ..domain.retries import read_mark
 from ..domain.rows import Finish, FinishKind, TaskRow
 from ..domain.schedules import Schedule
+from ..domain.text import storable
+from ..store.cancels import CancelRequest
+from ..store.schedules import ScheduleRows
 from .config import SchedulerConfig
+from .definitions import PRE_COMPLETION_MAX_AGE, Definitions
 from .execution import Execution
-from .link import DatabaseLink
 from .logs import log_extra
 from .observer import ObserverDispatch
-from .running import RunningExecutions, RunState
+from .persistent import count_run, read_schedule_row
+from .poller import DatabaseLink
+from .running import Capacity, RunState
 from .timeouts import Abandoned, TimeoutRunner
 
 __all__ = ["Executor"]
 
 log = library_logger(__name__)
+
+_COUNTING = 2
+"""Schedule rows' runs counted at once per scheduler (``Executor._counting``)."""
 
 
 def _start(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -55,22 +74,26 @@ class Executor:
         *,
         name: str,
         jobs: Mapping[str, Job],
-        schedules: Mapping[str, Schedule],
+        schedule_for: Callable[[str], Schedule | None],
         config: SchedulerConfig,
         link: DatabaseLink,
         state: RunState,
-        running: RunningExecutions,
+        running: Capacity,
         observer: ObserverDispatch,
         submit: Callable[[Finish, Execution], None],
         settled: Callable[[Finish, Execution], None],
         transactions: Callable[[Execution], TransactionOpener] | None = None,
         limits: Mapping[str, JobLimits] | None = None,
         catch_ups: Mapping[str, CatchUp] | None = None,
-        before_recording: Callable[[], Awaitable[None]] | None = None,
+        definitions: Definitions | None = None,
+        schedule_rows: ScheduleRows | None = None,
+        retry_marks: Callable[[Execution], Awaitable[bool]] | None = None,
+        pause: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
         self.jobs = jobs
-        self.schedules = schedules
+        self.schedule_for = schedule_for
+        """A recurring job's current schedule (``Definitions.schedule``)."""
         self.config = config
         self.link = link
         self.state = state
@@ -83,10 +106,50 @@ class Executor:
         self.transactions = transactions
         """Builds an execution's ``ctx.transaction()`` (None: without a database)."""
         self._is_async = {name: job.is_async for name, job in jobs.items()}
+        self._persistent = {n for n, job in jobs.items() if isinstance(job, PersistentScheduleJob)}
+        """The ``PersistentScheduleJob``s (a set: no ABC check per launch)."""
         self._timeouts = {n: lim.timeout for n, lim in (limits or {}).items() if lim.timeout}
         self._catch_ups = dict(catch_ups or {})
-        self._before_recording = before_recording
-        """Awaited before a recurring row's next time is computed (the newest schedule)."""
+        self.schedule_rows = schedule_rows
+        """Where a ``PersistentScheduleJob``'s run is counted into its row (None: not)."""
+        self._counting = asyncio.Semaphore(_COUNTING)
+        """Runs counted at once: a burst of schedule rows ending together must leave the
+        pool's other connections to the heartbeats (a starved heartbeat gets a live
+        execution revived elsewhere, and its slot run twice)."""
+        self._definitions = definitions
+        """Re-read (when older than a second) before a recurring row's next time is computed:
+        the newest stored schedule (None: not)."""
+        self._retry_marks = retry_marks
+        """Writes a failed slot's pending retry into its row (None: retries are not kept)."""
+        self._retrying = {
+            name
+            for name, job in jobs.items()
+            if isinstance(job, DistributedJob | PersistentScheduleJob)
+            and job.failure_handler() is not None
+        }
+        """The recurring jobs with a failure handler (their rows may carry a retry)."""
+        self._overlaps: dict[str, Overlap] = {
+            name: job.overlap()
+            for name, job in jobs.items()
+            if isinstance(job, DistributedJob | PersistentScheduleJob)
+            and job.overlap() != Overlap.skip()
+        }
+        """The recurring jobs whose overlap policy is not ``Overlap.skip``."""
+        self._pause = pause
+        """Pauses a job cluster-wide (name, reason) as ``ekbatan`` (None: cannot)."""
+        self._pause_after: dict[str, int] = {}
+        """The recurring jobs paused after that many consecutive failures."""
+        for name, job in jobs.items():
+            recurring = isinstance(job, DistributedJob | PersistentScheduleJob)
+            if recurring and (limit := pause_threshold(job)) is not None:
+                self._pause_after[name] = limit
+        self._records_missed = frozenset(
+            name
+            for name, job in jobs.items()
+            if isinstance(job, DistributedJob | PersistentScheduleJob)
+            and records_missed(job, config.record_missed_slots)
+        )
+        """The jobs whose slots that pass without a run are named in the history."""
         self._timer = TimeoutRunner(name, config.grace)
         self._threads: ThreadPoolExecutor | None = None
         self._heartbeats = (config.heartbeat_interval, config.dead_after, config.clock.monotonic)
@@ -95,6 +158,9 @@ class Executor:
         """Answers ``ctx.is_shutting_down`` (one function for every execution)."""
         self._ahead = bool(config.claim_ahead)
         """Rows may be claimed before their time (``claim_ahead``): each starts at its own."""
+        self.launch_errors: list[Exception] | None = None
+        """Where a manual driver's round (``Poller.step``) collects the launches that failed,
+        to raise the first once the batch is launched (None: only logged)."""
 
     def launch(self, row: TaskRow) -> None:
         """Start running a row this instance claimed."""
@@ -104,35 +170,137 @@ class Executor:
             return
         interval, dead_after, monotonic = self._heartbeats
         heartbeat = HeartbeatState(interval, dead_after, monotonic, monotonic())
-        now = self.link.now()
-        execution = Execution(row, job, heartbeat, now, self.schedules.get(row.task_name))
-        self.running.started(execution)
-        # Claimed ahead of its time: held (and heartbeated) until then, in its own task;
-        # started once both the database's clock (as estimated) and this machine's reach it,
-        # so that a job never sees its slot in the future (the estimate may run ahead of this
-        # machine's clock by a few milliseconds, and a row it calls due is held too).
-        if self._ahead and row.execution_time > (earlier := min(now, self.config.clock.now())):
-            wait = (row.execution_time - earlier).total_seconds()
-            execution.held = True
-            execution.task = _start(self._run_at(execution, wait), f"ekbatan:{execution.label}")
-            return
-        if self._begin(execution):
-            execution.task = _start(self._run(execution), f"ekbatan:{execution.label}")
+        link = self.link
+        now = link.clock.now() + link.offset  # link.now(), written out
+        execution = Execution(row, job, heartbeat, now, self.schedule_for(row.task_name))
+        execution.record_missed = row.task_name in self._records_missed
+        # Its slot comes back once: when its task ends (however it ends), when the job returns,
+        # or here if nothing runs or anything raises (kept, it would stall the poller).
+        running = self.running
+        running.launch(execution)
+        try:
+            if row.task_name in self._persistent:
+                read_schedule_row(execution)
+            # Claimed ahead of its time: held (and heartbeated) until then, in its own task;
+            # started once both the database's clock (as estimated) and this machine's reach
+            # it, so that a job never sees its slot in the future (the estimate may run ahead
+            # of this machine's clock by a few milliseconds, and a row it calls due is held).
+            if self._ahead and row.execution_time > (earlier := min(now, self.config.clock.now())):
+                wait = (row.execution_time - earlier).total_seconds()
+                execution.held = True
+                task = _start(self._run_at(execution, wait), f"ekbatan:{execution.label}")
+            elif not self._prepare(execution):  # the catch-up policy runs none: submitted
+                running.release(execution)
+                return
+            else:
+                if "execution_started" in self.observer.wants:
+                    lag = (execution.started - row.execution_time).total_seconds()
+                    self.observer.execution_started(row.task_name, row.task_instance, lag)
+                name = f"ekbatan:{row.task_name}/{row.task_instance}"  # its label
+                work = self._run(execution)
+                loop = asyncio.get_running_loop()
+                if sys.version_info >= (3, 12):  # eager: see _start
+                    task = asyncio.Task(work, loop=loop, name=name, eager_start=True)
+                elif loop.get_task_factory() is None:  # asyncio.create_task, written out
+                    task = asyncio.Task(work, loop=loop, name=name)
+                else:
+                    task = loop.create_task(work, name=name)
+                if execution.overlap is not None and execution.overlap.cancels:
+                    execution.task = task
+                    self._arm_overlap(execution)
+            execution.task = task
+            if task.done():  # started eagerly and done: its slot is back (or comes back here)
+                running.release(execution)
+            else:  # ``_run`` gives it back, and takes this off, unless cancelled before it ran
+                task.add_done_callback(self._ended)
+        except Exception as error:  # the rest of the claimed batch is launched all the same
+            self._launch_failed(execution, error)
+        except BaseException:
+            running.release(execution)
+            raise
 
-    def _begin(self, execution: Execution) -> bool:
-        """Decide the slot and report the start (False: the catch-up policy runs none, and
-        the row's next time is submitted)."""
-        if not self._prepare(execution):
-            self.running.returned()
-            assert execution.plan is not None
-            skipped = Finish(execution.owned, FinishKind.SKIPPED, execution.plan.next_time)
-            self.submit(skipped, execution)
-            return False
-        if self.observer.active:
-            row = execution.row
-            lag = (execution.started - row.execution_time).total_seconds()
-            self.observer.execution_started(row.task_name, row.task_instance, lag)
-        return True
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """An execution's task ended without ``_run``'s release (held, or cancelled before
+        any of its code ran): its slot comes back."""
+        self.running.release_task(task)
+
+    def _launch_failed(self, execution: Execution, error: Exception) -> None:
+        """Launching ``execution`` raised (deciding its slot, reading its retry, an
+        observer): its row is given back, unpicked, to be claimed again (held, it would be
+        heartbeated forever and its slot run by nobody until a restart). An execution whose
+        task had started already runs on, and records its result itself."""
+        running, task = self.running, execution.task
+        if self.launch_errors is not None:
+            self.launch_errors.append(error)
+        if task is not None:  # started (maybe done already): only arming its timer failed
+            task.add_done_callback(partial(running.release, execution))
+            log.error(
+                "%s (slot %s) started, but preparing it failed afterwards: %s",
+                execution.label,
+                execution.row.execution_time.isoformat(),
+                error,
+                exc_info=error,
+                extra=self._extra(execution.row),
+            )
+            return
+        running.release(execution)
+        running.forget(execution)  # not heartbeated: the completer's unpick is pending
+        log.error(
+            "could not launch %s (slot %s); its row is released to be claimed again",
+            execution.label,
+            execution.row.execution_time.isoformat(),
+            exc_info=error,
+            extra=self._extra(execution.row),
+        )
+        execution.error = error
+        execution.finished_at = self.link.now()
+        self.submit(Finish(execution.owned, FinishKind.RELEASED), execution)
+
+    def _arm_overlap(self, execution: Execution) -> None:
+        """``Overlap.cancel_other``: stop the execution when its next slot comes due (a timer
+        on this instance's loop; no statement until then)."""
+        overlap, schedule = execution.overlap, execution.schedule
+        if overlap is None or not overlap.cancels or schedule is None or execution.backfill:
+            return
+        if not execution.recurring and execution.persistent is None:
+            return
+        if execution.task is None or execution.task.done():
+            return
+        now = self.link.now()
+        following = next_due_after(schedule, execution.execution_time, max(now, execution.started))
+        if following is None:
+            return
+        delay = (schedule.due_time(following) - now).total_seconds()
+        loop = asyncio.get_running_loop()
+        execution.overlap_timer = loop.call_later(
+            max(0.0, delay), self._overlap_due, execution, following
+        )
+
+    def _overlap_due(self, execution: Execution, slot: datetime) -> None:
+        """The next slot of a still running ``Overlap.cancel_other`` execution came due: stop
+        it as ``client.cancel_running`` does; its row then runs that slot."""
+        execution.overlap_timer = None
+        if execution.task is None or execution.task.done():
+            return
+        row = execution.row
+        request = CancelRequest(
+            row.task_name,
+            row.task_instance,
+            row.version,
+            self.name,
+            self.link.now(),
+            overlap_reason(slot),
+        )
+        if execution.request_stop(request):
+            execution.overlap_slot = slot
+            if not execution.job.is_async:
+                log.warning(
+                    "%s: its next slot %s is due (Overlap.cancel_other), but a plain def job "
+                    "cannot be interrupted; ctx.cancel_requested is now true",
+                    execution.label,
+                    slot.isoformat(),
+                    extra=self._extra(row),
+                )
 
     async def _run_at(self, execution: Execution, wait: float) -> None:
         """A row claimed ``wait`` seconds before its time: run it then. Cancelled before it
@@ -141,31 +309,69 @@ class Executor:
             await asyncio.sleep(wait)
         except asyncio.CancelledError:
             execution.held = False
-            self.running.returned()
+            self.running.release(execution)
             self.submit(Finish(execution.owned, FinishKind.RELEASED), execution)
             if self.state.stopping:
                 return
             raise
         execution.held = False
         execution.started = self.link.now()
-        if self._begin(execution):
-            await self._run(execution, together=True)
+        try:
+            if not self._prepare(execution):  # the catch-up policy runs none: submitted
+                self.running.release(execution)
+                return
+            if "execution_started" in self.observer.wants:
+                lag = (execution.started - execution.row.execution_time).total_seconds()
+                self.observer.execution_started(
+                    execution.row.task_name, execution.row.task_instance, lag
+                )
+            self._arm_overlap(execution)
+        except Exception as error:  # as a launch that raises: its row is given back
+            execution.task = None  # this task runs no job
+            self._launch_failed(execution, error)
+            return
+        await self._run(execution, together=True)
 
     def _prepare(self, execution: Execution) -> bool:
-        """Decide which slot the execution runs (False: its catch-up policy runs none)."""
+        """Decide which slot the execution runs (False: its catch-up policy runs none, and the
+        row's next time is submitted)."""
         row, schedule = execution.row, execution.schedule
         if schedule is None:
             return True
-        if row.task_instance != RECURRING_INSTANCE:
+        if execution.persistent is not None:
+            catch_up = self._catch_ups.get(row.task_name)
+        elif row.task_instance != RECURRING_INSTANCE:
             slot = backfill_slot(row.task_instance)
             execution.backfill = slot is not None
             execution.slot = slot
             return True
-        catch_up = self._catch_ups.get(row.task_name)
+        else:
+            catch_up = self._catch_ups.get(row.task_name)
+        execution.overlap = self._overlaps.get(row.task_name)
+        row_time = row.execution_time
+        if execution.overlap is not None and execution.overlap.buffers:
+            if execution.persistent is None:
+                buffered = read_buffer_mark(row.task_data, row_time)
+            else:
+                buffered = execution.persistent.buffered_mark(row_time)
+            if buffered is not None:
+                execution.catch_up, execution.plan = catch_up, SlotPlan(buffered.slot)
+                execution.slot, execution.buffered_through = buffered.slot, buffered.through
+                return True
+        if row.task_name in self._retrying:
+            spec = execution.persistent
+            mark = read_mark(row.task_data, row_time) if spec is None else spec.retry_mark(row_time)
+            if mark is not None:
+                following = schedule.following(mark.slot)
+                if following is None or execution.started < schedule.due_time(following):
+                    execution.catch_up, execution.plan = catch_up, SlotPlan(mark.slot)
+                    execution.slot, execution.retry_of = mark.slot, mark
+                    execution.attempt = mark.attempt
+                    return True
+                execution.dropped = mark  # the next slot came: it runs per the schedule
+                row_time = schedule.due_time(following)
         try:
-            decided = plan(
-                schedule, catch_up or CatchUp.latest(), row.execution_time, execution.started
-            )
+            decided = plan(schedule, catch_up or CatchUp.latest(), row_time, execution.started)
         except Exception:
             log.exception(
                 "could not apply the catch-up policy of %s; running its slot as it is",
@@ -177,6 +383,7 @@ class Executor:
         execution.slot = decided.slot
         if decided.slot is None:
             execution.finished_at = execution.started
+            self.submit(Finish(execution.owned, FinishKind.SKIPPED, decided.next_time), execution)
             return False
         return True
 
@@ -185,8 +392,9 @@ class Executor:
         at the same moment; it lets the others start before it records its result (the jobs
         that do not wait would otherwise start one full execution after another)."""
         row = execution.row  # every record logged while it runs names it (its own task)
-        bind_log_context(
-            task_name=row.task_name, task_instance=row.task_instance, scheduler=self.name
+        # ``bind_log_context`` written out: all three fields, in a dict of this task's own
+        LOG_CONTEXT.set(
+            {"task_name": row.task_name, "task_instance": row.task_instance, "scheduler": self.name}
         )
         monotonic = self.config.clock.monotonic
         began = monotonic()
@@ -198,36 +406,138 @@ class Executor:
                 error, cancelled = await self._call_job(execution)
         except Abandoned:
             self.running.forget(execution)  # no more heartbeats: revived after the dead window
+            self.state.abandoned_at = monotonic()
             return
         finally:
-            self.running.returned()
+            self.running.release(execution)
+            if (task := execution.task) is not None:  # its slot is back: no done callback
+                task.remove_done_callback(self._ended)  # (None: started eagerly, not yet set)
+            if execution.overlap_timer is not None:
+                execution.overlap_timer.cancel()
+                execution.overlap_timer = None
         execution.duration = monotonic() - began
         if together:
             await asyncio.sleep(0)
         if execution.settled is not None:
             self._after_commit(execution, error)
             return
-        if self._before_recording is not None and not cancelled and execution.recurring:
-            await self._newest_schedule(execution)
+        if self._definitions is not None and not cancelled and execution.recurring:
+            if monotonic() >= self._definitions.fresh_until:
+                await self._newest_schedule(execution, self._definitions)
+            execution.schedule = self.schedule_for(row.task_name) or execution.schedule
         if error is not None:
             self._log_failure(execution, error)
             execution.error = error
-        execution.finished_at = self.link.now()
+            if not cancelled and self.observer.active:
+                self.observer.execution_failed(
+                    row.task_name, row.task_instance, execution.execution_time, error
+                )
+        if error is not None and not cancelled and row.task_name in self._pause_after:
+            self._pause_schedule_if_failing(execution, error)
+        if self.schedule_rows is not None and execution.persistent is not None and not cancelled:
+            async with self._counting:
+                await count_run(self.schedule_rows, execution)
+        link = self.link
+        execution.finished_at = link.clock.now() + link.offset  # link.now(), written out
         finish = execution.finish(
             execution.finished_at,
             error=error,
             cancelled=cancelled,
             fallback_delay=self.config.polling_interval,
         )
+        if execution.mark is not None and not await self._mark_retry(execution):
+            finish = execution.without_retry(finish, execution.finished_at)
+        if error is not None and not cancelled and row.task_name in self._pause_after:
+            await self._pause_if_failing(execution, error)
         self.submit(finish, execution)
 
-    async def _newest_schedule(self, execution: Execution) -> None:
-        """Take the schedule a rolling deploy stored, if newer. Whatever goes wrong here, the
+    def _pause_schedule_if_failing(self, execution: Execution, error: BaseException) -> None:
+        """A schedule row's ``pause_after_failures()``: once reached, the spec its end writes
+        says paused (by ``ekbatan``), and its row waits at the paused time (no other write)."""
+        spec = execution.persistent
+        if spec is None or spec.paused is not None:
+            return
+        reason = self._failing_reason(execution, error)
+        if reason is None:
+            return
+        paused = {"by": "ekbatan", "at": self.link.now().isoformat(), "reason": reason}
+        execution.persistent = replace(spec, paused=paused)
+        self._paused(execution, reason)
+
+    def _failing_reason(self, execution: Execution, error: BaseException) -> str | None:
+        """Why the job (or schedule) is paused now (None: its failures in a row have not
+        reached its ``pause_after_failures()``)."""
+        row = execution.row
+        limit = self._pause_after[row.task_name]
+        failures = (row.consecutive_failures or 0) + 1
+        if failures < limit:
+            return None
+        return storable(
+            f"paused after {failures} consecutive failures (pause_after_failures={limit}); "
+            f"last error: {type(error).__qualname__}: {error}",
+            1000,
+        )
+
+    def _paused(self, execution: Execution, reason: str) -> None:
+        row = execution.row
+        log.error("%s: %s", execution.label, reason, extra=self._extra(row))
+        execution.note = "; ".join(n for n in (execution.note, "job paused") if n)
+        if self.observer.active:
+            self.observer.job_paused(
+                row.task_name, row.task_instance, execution.execution_time, reason
+            )
+
+    async def _pause_if_failing(self, execution: Execution, error: BaseException) -> None:
+        """Pause the job cluster-wide once its failures in a row reach its
+        ``pause_after_failures()`` (before the failure is recorded: no next attempt starts)."""
+        row = execution.row
+        if not execution.recurring or self._pause is None:
+            return
+        reason = self._failing_reason(execution, error)
+        if reason is None:
+            return
+        failures = (row.consecutive_failures or 0) + 1
+        try:
+            await self._pause(row.task_name, reason)
+        except Exception as failed:
+            log.error(
+                "%s failed %d times in a row, but could not be paused: %s",
+                execution.label,
+                failures,
+                failed,
+                extra=self._extra(row),
+            )
+            return
+        self._paused(execution, reason)
+
+    async def _mark_retry(self, execution: Execution) -> bool:
+        """Write the pending retry into the row (still ours, guarded by its version) before
+        its result moves it to the retry's time. False: not written (then no retry)."""
+        if self._retry_marks is None:
+            return False
+        try:
+            if await self._retry_marks(execution):
+                return True
+            log.warning(
+                "%s: the row was revived elsewhere meanwhile; its retry is not recorded",
+                execution.label,
+                extra=self._extra(execution.row),
+            )
+        except Exception as error:
+            log.warning(
+                "%s: could not record its pending retry (%s); the next slot follows instead",
+                execution.label,
+                error,
+                extra=self._extra(execution.row),
+            )
+        return False
+
+    async def _newest_schedule(self, execution: Execution, definitions: Definitions) -> None:
+        """Re-read the schedules a rolling deploy stored. Whatever goes wrong here, the
         result is still recorded (by the schedule the execution had): an exception would end
         this task with the row picked and heartbeated, its slot run by nobody."""
-        assert self._before_recording is not None
         try:
-            await self._before_recording()
+            await definitions.refresh(PRE_COMPLETION_MAX_AGE)
         except Exception:
             log.exception(
                 "could not look for a newer stored schedule of %s; its next time comes from "
@@ -236,7 +546,6 @@ class Executor:
                 extra=self._extra(execution.row),
             )
             return
-        execution.schedule = self.schedules.get(execution.row.task_name, execution.schedule)
 
     def _after_commit(self, execution: Execution, error: BaseException | None) -> None:
         """The job's ``ctx.transaction()`` committed its slot: report it as recorded."""
@@ -252,6 +561,8 @@ class Executor:
         self.settled(execution.settled, execution)
 
     def _log_failure(self, execution: Execution, error: BaseException) -> None:
+        if isinstance(error, ExecutionCancelled):
+            return  # ``ctx.cancel()``: not a failure to log
         if isinstance(error, ExecutionSuperseded):
             log.warning("%s", error, extra=self._extra(execution.row))
         elif isinstance(error, JobTimedOut):
@@ -274,9 +585,16 @@ class Executor:
 
     async def _call_job(self, execution: Execution) -> tuple[BaseException | None, bool]:
         """Run the job: (the exception it raised, whether it was cancelled at shutdown)."""
-        ctx = execution.context(self._stopping, self._opener(execution))
-        if (unfit := execution.unfit_data(ctx)) is not None:
+        # what ctx.transaction() opens, built on its first use (most jobs never open one)
+        opener = None if self.transactions is None else partial(self._open, execution, [])
+        ctx = execution.context(self._stopping, opener)
+        # only a typed job's data (or an unreadable schedule row) can park it
+        if (execution.unfit is not None or ctx.data_model is not None) and (
+            unfit := execution.unfit_data(ctx)
+        ) is not None:
             return unfit, False  # parked: execute() is not called
+        if execution.cancel is not None:  # asked to stop while held (claimed ahead): not run
+            return self._stopped(execution), False
         timeout = self._timeouts.get(execution.row.task_name)
         try:
             if self._is_async[execution.row.task_name]:
@@ -286,9 +604,16 @@ class Executor:
                     work = execution.job.execute(ctx)
                     return await self._timer.run_async(execution, work, timeout), False  # type: ignore[arg-type]
             else:
-                return await self._call_sync(execution, ctx, timeout), False
+                error = await self._call_sync(execution, ctx, timeout)
+                if execution.cancel is not None:
+                    return self._stopped(execution, error), False
+                return error, False
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
+            if execution.cancel is not None and not self.state.stopping:
+                if task is not None:
+                    task.uncancel()
+                return self._stopped(execution), False
             if self.state.stopping:
                 log.warning(
                     "%s cancelled at shutdown; its slot is released to run again",
@@ -308,20 +633,30 @@ class Executor:
             return exc, False
         return None, False
 
-    def _opener(self, execution: Execution) -> TransactionOpener | None:
-        """What ``ctx.transaction()`` opens, built on its first use (most jobs never open
-        one, and the hot path pays for a closure only)."""
-        make = self.transactions
-        if make is None:
-            return None
-        made: list[TransactionOpener] = []
+    def _stopped(
+        self, execution: Execution, cause: BaseException | None = None
+    ) -> ExecutionCancelled:
+        """The error recorded for an execution stopped on request (``cancel_running``)."""
+        assert execution.cancel is not None
+        error = ExecutionCancelled(execution.cancel.describe())
+        error.__cause__ = cause
+        log.warning(
+            "%s (slot %s) %s",
+            execution.label,
+            execution.execution_time.isoformat(),
+            execution.cancel.describe(),
+            extra=self._extra(execution.row),
+        )
+        return error
 
-        def open_transaction(target: Any = None) -> AbstractAsyncContextManager[Any]:
-            if not made:
-                made.append(make(execution))
-            return made[0](target)
-
-        return open_transaction
+    def _open(
+        self, execution: Execution, made: list[TransactionOpener], target: Any = None
+    ) -> AbstractAsyncContextManager[Any]:
+        """``ctx.transaction()``: its ``SlotTransaction`` is built on the first call."""
+        if not made:
+            assert self.transactions is not None
+            made.append(self.transactions(execution))
+        return made[0](target)
 
     async def _call_sync(
         self, execution: Execution, ctx: ExecutionContext, timeout: timedelta | None

@@ -19,10 +19,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from ..domain.logs import library_logger
-from ..domain.records import ExecutionRecord
-from ..domain.rows import Finish
+from ..domain.rows import ExecutionRecord, Finish
 from ..domain.version import VERSION
 from ..store.operations import OperationsStore
+from .poller import Backoff
 
 if TYPE_CHECKING:
     from .execution import Execution
@@ -61,12 +61,22 @@ class HistoryRecorder:
         history: bool,
         retention: timedelta,
         on_db_error: Callable[[BaseException, str], None],
+        retry_cap: float = 5.0,
+        on_answer: Callable[[], None] | None = None,
     ) -> None:
         self.ops = ops
+        self.retry_cap = retry_cap
+        """Seconds the history writer waits at most between attempts while the database
+        fails (the scheduler's polling interval)."""
         self.name = scheduler_name
+        self.library_version = VERSION
+        """Written in this instance's row (the liveness watch appends ``LIVENESS_MARK`` while
+        this instance holds its liveness lock)."""
         self.history_enabled = history
         self.retention = retention
         self._on_db_error = on_db_error
+        self._on_answer = on_answer
+        """Called when a write of this instance's row got its answer (the database works)."""
         self._buffer: list[ExecutionRecord] = []
         self._ready = asyncio.Event()
         self._full = asyncio.Event()
@@ -78,7 +88,7 @@ class HistoryRecorder:
     @property
     def available(self) -> bool:
         """The operations tables were found."""
-        return self.ops.present
+        return self.ops.presence.present
 
     async def check(self) -> bool:
         """Look for the tables (at startup, then at most every 30 s until they are found);
@@ -102,7 +112,7 @@ class HistoryRecorder:
     @property
     def enabled(self) -> bool:
         """History is on and its table exists."""
-        return self.history_enabled and self.available
+        return self.history_enabled and self.ops.presence.present
 
     def table_lost(self, error: BaseException) -> None:
         """The history table went away while running: stop writing history until the hourly
@@ -155,7 +165,7 @@ class HistoryRecorder:
 
     async def run(self) -> None:
         """The history writer loop: insert whatever the buffer holds, in batches."""
-        delay = 0.05
+        backoff = Backoff(self.retry_cap)
         while True:
             if self._closing and not self._buffer:
                 return
@@ -172,10 +182,9 @@ class HistoryRecorder:
                     await self.ops.insert_history(batch)
                 except Exception as error:
                     self._on_db_error(error, "writing execution history")
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
+                    await asyncio.sleep(backoff.next())
                     continue
-                delay = 0.05
+                backoff.reset()
                 del self._buffer[: len(batch)]
 
     @property
@@ -194,10 +203,13 @@ class HistoryRecorder:
             return
         try:
             await self.ops.report_instance(
-                self.name, socket.gethostname()[:255], os.getpid(), started_at, VERSION
+                self.name, socket.gethostname()[:255], os.getpid(), started_at, self.library_version
             )
         except Exception as error:
             self._on_db_error(error, "reporting this instance")
+            return
+        if self._on_answer is not None:
+            self._on_answer()
 
     async def leave(self) -> None:
         """Remove this instance's row at a graceful stop (a crashed one shows as dead)."""

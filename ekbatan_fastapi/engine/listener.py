@@ -16,10 +16,8 @@ from datetime import datetime
 
 from ..domain.logs import library_logger
 from ..store.tasks import TaskStore
-from .alarm import Alarm
-from .backoff import Backoff
 from .config import SchedulerConfig
-from .link import DatabaseLink
+from .poller import Alarm, Backoff, DatabaseLink
 from .running import RunState
 
 __all__ = ["Listener"]

@@ -17,6 +17,7 @@ task). A scheduler whose observers override none of them pays one ``nullcontext`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..domain.job import RECURRING_INSTANCE, OneTimeJob
 from ..domain.logs import library_logger
-from ..domain.records import Outcome, outcome_of
-from ..domain.rows import FinishKind
+from ..domain.rows import FinishKind, Outcome, outcome_of
 
 if TYPE_CHECKING:
-    from ..domain.rows import Finish
+    from ..domain.rows import Finish, PollResult, TaskKey, TaskRow
+    from ..store.liveness import Held
     from .execution import Execution
     from .scheduler import Scheduler
 
@@ -167,6 +168,29 @@ class SchedulerObserver:
         coalesced into a later run (``CatchUp.latest``), one ``caught_up`` (run late, in turn,
         ``CatchUp.all``), ``skipped`` by the policy (not run)."""
 
+    def execution_failed(
+        self, task_name: str, task_instance: str, slot: datetime, error: BaseException
+    ) -> None:
+        """An execution of ``slot`` (``ctx.execution_time``) raised or timed out (before its
+        result is recorded; retried or not as its job's failure handler decides)."""
+
+    def job_paused(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
+        """This instance paused ``task_name`` cluster-wide after the failure of ``slot``
+        (``pause_after_failures()``; ``paused_by`` is ``ekbatan``)."""
+
+    def slot_missed(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
+        """A slot of a recurring job passed without a run, as recorded in the history
+        (``record_missed_slots``): ``reason`` is ``coalesced`` (merged by ``CatchUp.latest``),
+        ``overlap`` (fell due while the previous run was going, or ``Overlap.buffer_one``
+        skipped it) or ``catch_up`` (skipped by the catch-up policy). Called when the result
+        that decided it is recorded, for the newest 100 slots of that result at most
+        (``slots_counted`` has the full count)."""
+
+    def missed_streak(self, task_name: str, task_instance: str, consecutive: int) -> None:
+        """The task instance has now missed ``consecutive`` slots in a row since its last run
+        (as this instance counted them); the next slot that runs ends the streak (its
+        ``execution_finished``)."""
+
     def database_error(self, operation: str, error: BaseException) -> None:
         """A database statement of the scheduler failed (it is retried with backoff);
         ``operation`` is a short fixed label such as ``poll`` or ``heartbeat``."""
@@ -190,6 +214,47 @@ class SchedulerObserver:
         None: nothing to wrap."""
         return None
 
+    async def scheduler_stopped(self, timeout: float) -> None:
+        """The scheduler stopped (every execution ended and was recorded): finish or drop
+        pending work (a queue of pings, a batch of exports) within ``timeout`` seconds, the
+        shutdown's remaining wait. Called once per stop; errors are logged and ignored."""
+
+    # -- what the scheduler sends and what the database answered (audits, benchmarks) --------
+
+    def statement_sent(self, name: str, sql: str) -> None:
+        """A hot-path statement ``name`` (``poll``, ``claim``, ``finish``, ``heartbeat``, ...)
+        is being sent to the driver directly, past SQLAlchemy (SQLAlchemy's
+        ``before_cursor_execute`` event sees all the others). Called for every such statement:
+        overriding it makes the store report them; the cheapest hook is none."""
+
+    def poll_answered(self, result: PollResult, started: float, seconds: float) -> None:
+        """A poll answered: sent at wall-clock time ``started`` (``time.time()``), it took
+        ``seconds`` and claimed ``result.claimed`` (the rows, as claimed)."""
+
+    def results_written(
+        self,
+        items: Sequence[Finish],
+        recorded: set[TaskKey] | None,
+        error: BaseException | None,
+        seconds: float,
+    ) -> None:
+        """The completer sent a batch of results in ``seconds``: ``recorded`` holds the keys
+        the database took (a key missing: the row was revived or finished elsewhere). On
+        ``error`` (``recorded`` None) the statement may have committed all the same."""
+
+    def rows_revived(self, rows: Sequence[TaskRow | Held]) -> None:
+        """This instance revived these rows: after their dead window (``TaskRow``) or at once,
+        their owner's liveness lock being free (``Held``: no data; ``execution_time`` may be
+        None, ``last_heartbeat`` as the driver returned it). Both as they were: ``picked_by``
+        the old owner, ``version`` and ``last_heartbeat`` before the revival."""
+
+    def transaction_completing(self, finish: Finish) -> None:
+        """``ctx.transaction()`` wrote this slot's completion and is about to commit (the
+        row stays locked by the transaction until then)."""
+
+    def transaction_committed(self, finish: Finish) -> None:
+        """``ctx.transaction()`` committed this slot's completion with its effects."""
+
     def scheduling_context(self) -> Mapping[str, str] | None:
         """A one-time task is being scheduled (``client.schedule``/``schedule_many``): the
         caller's context to keep with it, as W3C trace context headers (``traceparent`` and
@@ -200,6 +265,14 @@ class SchedulerObserver:
 
 def _overrides(observer: SchedulerObserver, hook: str) -> bool:
     return getattr(type(observer), hook) is not getattr(SchedulerObserver, hook)
+
+
+def _hooks() -> tuple[str, ...]:
+    """Every hook of ``SchedulerObserver`` (its public methods)."""
+    return tuple(
+        name for name, value in vars(SchedulerObserver).items()
+        if callable(value) and not name.startswith("_")
+    )  # fmt: skip
 
 
 class _Guarded:
@@ -240,6 +313,10 @@ class ObserverDispatch:
         self.observers = tuple(observers)
         self.active = bool(self.observers)
         """False when nothing is registered: callers skip building events."""
+        self._hooked = {h: tuple(o for o in self.observers if _overrides(o, h)) for h in _hooks()}
+        self.wants = frozenset(h for h, observers in self._hooked.items() if observers)
+        """The hooks some observer overrides: a caller checks ``"hook" in wants`` and skips
+        the event (and building it) otherwise, so an unobserved event costs a set lookup."""
         self._name = scheduler_name
         self._last_logged: dict[tuple[int, str], float] = {}
         self.errors = 0
@@ -252,7 +329,7 @@ class ObserverDispatch:
         """An observer keeps a context with scheduled one-time tasks."""
 
     def _call(self, hook: str, *args: object) -> None:
-        for observer in self.observers:
+        for observer in self._hooked[hook]:
             try:
                 getattr(observer, hook)(*args)
             except Exception:
@@ -279,7 +356,11 @@ class ObserverDispatch:
         self._call("execution_started", task_name, task_instance, slot_lag)
 
     def execution_finished(self, event: ExecutionFinished) -> None:
-        self._call("execution_finished", event)
+        for observer in self._hooked["execution_finished"]:  # once per execution: no _call
+            try:
+                observer.execution_finished(event)
+            except Exception:
+                self._failed(observer, "execution_finished")
 
     def polled(self, duration: float, claimed: int) -> None:
         self._call("polled", duration, claimed)
@@ -295,8 +376,46 @@ class ObserverDispatch:
     def slots_counted(self, task_name: str, missed: int, caught_up: int, skipped: int) -> None:
         self._call("slots_counted", task_name, missed, caught_up, skipped)
 
+    def execution_failed(
+        self, task_name: str, task_instance: str, slot: datetime, error: BaseException
+    ) -> None:
+        self._call("execution_failed", task_name, task_instance, slot, error)
+
+    def job_paused(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
+        self._call("job_paused", task_name, task_instance, slot, reason)
+
+    def slot_missed(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
+        self._call("slot_missed", task_name, task_instance, slot, reason)
+
+    def missed_streak(self, task_name: str, task_instance: str, consecutive: int) -> None:
+        self._call("missed_streak", task_name, task_instance, consecutive)
+
     def database_error(self, operation: str, error: BaseException) -> None:
         self._call("database_error", operation, error)
+
+    def statement_sent(self, name: str, sql: str) -> None:
+        self._call("statement_sent", name, sql)
+
+    def poll_answered(self, result: PollResult, started: float, seconds: float) -> None:
+        self._call("poll_answered", result, started, seconds)
+
+    def results_written(
+        self,
+        items: Sequence[Finish],
+        recorded: set[TaskKey] | None,
+        error: BaseException | None,
+        seconds: float,
+    ) -> None:
+        self._call("results_written", items, recorded, error, seconds)
+
+    def rows_revived(self, rows: Sequence[TaskRow | Held]) -> None:
+        self._call("rows_revived", rows)
+
+    def transaction_completing(self, finish: Finish) -> None:
+        self._call("transaction_completing", finish)
+
+    def transaction_committed(self, finish: Finish) -> None:
+        self._call("transaction_committed", finish)
 
     def execution_scope(self, execution: Execution) -> AbstractAsyncContextManager[Any]:
         """Every observer's ``execution_scope`` of ``execution``, as one."""
@@ -333,6 +452,19 @@ class ObserverDispatch:
                 except Exception:
                     self._failed(observer, "statement_scope")
             yield
+
+    async def scheduler_stopped(self, timeout: float) -> None:
+        """Every observer's ``scheduler_stopped``, at once, within ``timeout`` seconds."""
+        stopping = [o for o in self.observers if _overrides(o, "scheduler_stopped")]
+
+        async def one(observer: SchedulerObserver) -> None:
+            try:
+                await asyncio.wait_for(observer.scheduler_stopped(timeout), timeout + 1.0)
+            except Exception:
+                self._failed(observer, "scheduler_stopped")
+
+        if stopping:
+            await asyncio.gather(*(one(o) for o in stopping))
 
     def scheduling_context(self) -> dict[str, str] | None:
         """The first carrier an observer gives (None: none)."""

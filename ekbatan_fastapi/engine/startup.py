@@ -7,25 +7,21 @@ without changing anything (``ekbatan-jobs plan``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ..domain.job import RECURRING_INSTANCE, Job
 from ..domain.logs import library_logger
-from ..domain.records import JobDefinition
 from ..domain.rollout import Decision
-from ..domain.rows import NewTask, TaskKey, TaskRow
+from ..domain.rows import JobDefinition, NewTask, TaskKey, TaskRow
 from ..domain.schedules import Schedule
 from ..store.tasks import TaskStore
-from .alarm import Alarm
-from .backoff import Backoff
 from .config import SchedulerConfig
 from .definitions import Definitions
 from .history import HistoryRecorder
-from .link import DatabaseLink
 from .logs import log_extra
-from .pace import paced
+from .poller import Alarm, Backoff, DatabaseLink, paced
 from .running import RunState
 
 __all__ = ["PlannedChange", "Startup"]
@@ -59,7 +55,6 @@ class Startup:
         *,
         name: str,
         jobs: Mapping[str, Job],
-        schedules: Mapping[str, Schedule],
         tasks: TaskStore,
         definitions: Definitions,
         config: SchedulerConfig,
@@ -67,10 +62,12 @@ class Startup:
         alarm: Alarm,
         state: RunState,
         history: HistoryRecorder,
+        first_contact: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        self.first_contact = first_contact
+        """Run once, before anything else, when the database first answers."""
         self.name = name
         self.jobs = jobs
-        self.schedules = schedules
         self.tasks = tasks
         self.definitions = definitions
         self.config = config
@@ -80,18 +77,28 @@ class Startup:
         self.history = history
 
     async def run(self) -> None:
+        """``once``, retried with backoff until it succeeds (or the scheduler stops)."""
         backoff = Backoff(self.config.polling_interval.total_seconds())
         while not self.state.stopping:
             try:
-                await self.create_recurring_rows()
-                if await self.history.check():
-                    await self.history.report_instance(self.state.started_at or self.link.now())
+                await self.once()
             except Exception as error:  # a missing table too: logged once, then once a minute
                 self.link.failed(error, "startup")
             else:
-                self.state.ready.set()
                 return
-            await self.alarm.sleep(backoff.next())
+            await self.alarm.backoff(backoff.next())
+
+    async def once(self) -> None:
+        """One attempt at every start-up step, errors propagating (a manual driver calls it
+        directly): the first contact, the recurring rows, this instance's report; then ready."""
+        if self.first_contact is not None:
+            await self.first_contact()
+            self.first_contact = None
+        await self.create_recurring_rows()
+        if await self.history.check():
+            await self.history.report_instance(self.state.started_at or self.link.now())
+        self.state.ready_at = self.link.now()
+        self.state.ready.set()
 
     async def create_recurring_rows(self) -> None:
         """Settle the definitions, then insert missing recurring rows, move changed
@@ -100,20 +107,9 @@ class Startup:
         db_now = await self.tasks.db_now()
         self.link.observed(db_now, sent)
         decisions = await self.definitions.reconcile()
-        enabled = {n: s for n, s in self.schedules.items() if not s.is_disabled}
-        inserted: set[TaskKey] = set(
-            await self.tasks.insert_missing(
-                [
-                    NewTask(
-                        name,
-                        RECURRING_INSTANCE,
-                        schedule.initial_execution_time(db_now),
-                        priority=self.jobs[name].priority(),
-                    )
-                    async for name, schedule in paced(enabled.items())
-                ]
-            )
-        )
+        current = self.definitions.current()  # after reconcile: the adopted schedules too
+        enabled = {n: s for n, s in current.items() if not s.is_disabled}
+        inserted = await self._insert_missing(enabled, db_now)
         movable = [
             n
             async for n, s in paced(enabled.items())
@@ -121,7 +117,30 @@ class Startup:
             and (n, RECURRING_INSTANCE) not in inserted
             and (decisions is None or decisions[n].changed)
         ]
-        rows = await self.tasks.recurring_rows(movable, RECURRING_INSTANCE) if movable else []
+        await self._move_changed(movable, enabled, db_now)
+        await self._drop_disabled(decisions)
+
+    async def _insert_missing(
+        self, enabled: Mapping[str, Schedule], db_now: datetime
+    ) -> set[TaskKey]:
+        """The row of each enabled recurring job that has none, at its first time."""
+        rows = [
+            NewTask(
+                name,
+                RECURRING_INSTANCE,
+                schedule.initial_execution_time(db_now),
+                priority=self.jobs[name].priority(),
+            )
+            async for name, schedule in paced(enabled.items())
+        ]
+        return set(await self.tasks.insert_missing(rows))
+
+    async def _move_changed(
+        self, names: list[str], enabled: Mapping[str, Schedule], db_now: datetime
+    ) -> None:
+        """Move the next run of each of ``names`` (a deterministic schedule that changed) to
+        where its schedule now puts it; a row picked or due within the guard stays."""
+        rows = await self.tasks.recurring_rows(names, RECURRING_INSTANCE) if names else []
         for row in rows:
             expected = self._moved_to(row, enabled[row.task_name], db_now)
             if expected is not None and await self.tasks.reschedule(
@@ -134,7 +153,10 @@ class Startup:
                     expected.isoformat(),
                     extra=log_extra(row, self.name),
                 )
-        for name, schedule in self.schedules.items():
+
+    async def _drop_disabled(self, decisions: Mapping[str, Decision] | None) -> None:
+        """Delete the unpicked row of each disabled job whose definition this instance holds."""
+        for name, schedule in self.definitions.current().items():
             held = decisions is None or decisions[name].ours
             if (
                 schedule.is_disabled

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+from ..domain.durations import format_iso_duration
 from ..domain.errors import JobTimedOut
 from ..domain.logs import library_logger
 from .execution import Execution
@@ -38,7 +39,9 @@ class TimeoutRunner:
 
     def timed_out(self, execution: Execution, timeout: timedelta) -> JobTimedOut:
         execution.timed_out = True
-        return JobTimedOut(f"{execution.label} ran longer than its timeout of {timeout}")
+        return JobTimedOut(
+            f"{execution.label} ran longer than its timeout of {format_iso_duration(timeout)}"
+        )
 
     async def run_async(
         self, execution: Execution, work: Awaitable[None], timeout: timedelta

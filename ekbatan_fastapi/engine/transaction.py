@@ -22,12 +22,14 @@ from ..domain.logs import library_logger
 from ..domain.rows import Finish
 from ..store.external import Caller
 from ..store.operations import OperationsStore
-from ..store.probe import probes
+from ..store.schedules import ScheduleRows
 from ..store.tasks import TaskStore
 from .config import SchedulerConfig
 from .execution import Execution
 from .history import HistoryRecorder
-from .link import DatabaseLink
+from .observer import ObserverDispatch
+from .persistent import count_run
+from .poller import DatabaseLink
 
 __all__ = ["SlotTransaction"]
 
@@ -46,6 +48,8 @@ class SlotTransaction:
         history: HistoryRecorder,
         config: SchedulerConfig,
         link: DatabaseLink,
+        observer: ObserverDispatch,
+        schedule_rows: ScheduleRows | None = None,
     ) -> None:
         self.execution = execution
         self.tasks = tasks
@@ -53,6 +57,10 @@ class SlotTransaction:
         self.history = history
         self.config = config
         self.link = link
+        self.observer = observer
+        self.schedule_rows = schedule_rows
+        """Where a ``PersistentScheduleJob``'s run is counted (``runs + 1``, with the
+        completion: its ``max_runs`` ends it)."""
         self._opened = False
 
     def __call__(self, target: Any = None) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -101,6 +109,11 @@ class SlotTransaction:
         """Write the completion and the history record; raise if superseded."""
         execution = self.execution
         execution.recording = True  # a heartbeat blocked by our row lock is no failure
+        if execution.persistent is not None and self.schedule_rows is not None:
+            # counted as the executor counts a run that did not use ctx.transaction(): the
+            # schedule as it is now decides the next slot, runs + 1 reaches max_runs
+            async with asyncio.timeout(self.tasks.db.statement_timeout):
+                await count_run(self.schedule_rows, execution, caller)
         execution.finished_at = self.link.now()
         finish = execution.finish(
             execution.finished_at,
@@ -109,6 +122,9 @@ class SlotTransaction:
             fallback_delay=self.config.polling_interval,
         )
         async with asyncio.timeout(self.tasks.db.statement_timeout):
+            mark = execution.mark  # a buffered slot (Overlap.buffer_one), before the result
+            if mark is not None and not await self.tasks.mark_on(caller, execution.owned, mark):
+                finish = execution.without_retry(finish, execution.finished_at)
             if not await self.tasks.finish_on(caller, finish):
                 execution.recording = False
                 raise ExecutionSuperseded(
@@ -122,8 +138,8 @@ class SlotTransaction:
                 execution.history_written = True
             for statement in self.tasks.db.commit_guard(self.config.dead_after.total_seconds()):
                 await caller.execute(statement)
-        if probes.active:
-            probes.transaction_completing(finish)
+        if "transaction_completing" in self.observer.wants:
+            self.observer.transaction_completing(finish)
         return finish
 
     async def _commit(self, caller: Caller, finish: Finish) -> None:
@@ -136,8 +152,8 @@ class SlotTransaction:
                 f"{self.tasks.db.statement_timeout:g}s; it may or may not have committed"
             ) from None
         self.execution.settled = finish
-        if probes.active:
-            probes.transaction_committed(finish)
+        if "transaction_committed" in self.observer.wants:
+            self.observer.transaction_committed(finish)
         for statement in self.tasks.db.commit_guard_reset():
             try:
                 await caller.execute(statement)

@@ -7,6 +7,7 @@ from ..domain.text import mask_url
 from .datasource import DataSourceConfig
 from .keys import canonical_key
 from .model import EkbatanSettings, JobsSettings, ShardGroup, ShardingSettings, ShardMember
+from .reference import SettingReference, settings_reference
 from .sources import CONFIG_FILE_ENV
 
 __all__ = [
@@ -14,9 +15,11 @@ __all__ = [
     "DataSourceConfig",
     "EkbatanSettings",
     "JobsSettings",
+    "SettingReference",
     "ShardGroup",
     "ShardMember",
     "ShardingSettings",
     "canonical_key",
     "mask_url",
+    "settings_reference",
 ]

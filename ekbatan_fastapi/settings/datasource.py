@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, model_validator
 from sqlalchemy.engine import URL, make_url
 
 from ..domain.errors import ConfigurationError
-from ..domain.text import mask_url
+from ..domain.text import mask_unparsed_url, mask_url
 from ..store.connection import DEFAULT_POOL_SIZE, ConnectionProvider
 from .keys import SettingsSection
 
@@ -32,7 +32,8 @@ def _from_jdbc(jdbc_url: str) -> URL:
     match = _JDBC.fullmatch(jdbc_url.strip())
     if match is None:
         raise ConfigurationError(
-            f"jdbc-url {mask_url(jdbc_url)!r} is not a jdbc:postgresql://, jdbc:mysql:// or "
+            f"jdbc-url {mask_unparsed_url(jdbc_url)!r} is not a jdbc:postgresql://, "
+            "jdbc:mysql:// or "
             "jdbc:mariadb:// URL with a host; write it as url: "
             "postgresql+asyncpg://user@host:5432/dbname instead"
         )
@@ -47,7 +48,7 @@ def _from_jdbc(jdbc_url: str) -> URL:
         url = make_url(f"{driver}://{rest}")
     except Exception:
         raise ConfigurationError(
-            f"cannot read jdbc-url {mask_url(jdbc_url)!r}; expected "
+            f"cannot read jdbc-url {mask_unparsed_url(jdbc_url)!r}; expected "
             "jdbc:postgresql://host:5432/dbname"
         ) from None
     query = dict(url.query)
@@ -78,10 +79,17 @@ class DataSourceConfig(SettingsSection):
     """
 
     url: str | None = None
+    """The jobs database's SQLAlchemy URL (``postgresql+asyncpg://app@db:5432/app``,
+    ``mysql+asyncmy://...``); ``postgresql://`` uses asyncpg."""
     jdbc_url: str | None = None
+    """Instead of ``url``: a ``jdbc:postgresql://``, ``jdbc:mysql://`` or ``jdbc:mariadb://`` URL,
+    translated (configuration shared with the JVM Ekbatan)."""
     username: str | None = None
+    """The user to log in as; wins over the URL's."""
     password: SecretStr | None = None
+    """The password; wins over the URL's. A secret: never shown in logs, ``repr`` or ``/jobs``."""
     maximum_pool_size: int = Field(default=DEFAULT_POOL_SIZE, ge=1)
+    """Connections of the jobs pool (the scheduler's own, separate from the application's)."""
 
     @model_validator(mode="after")
     def _one_url(self) -> DataSourceConfig:
@@ -98,7 +106,7 @@ class DataSourceConfig(SettingsSection):
                 url = make_url(self.url)
             except Exception:
                 raise ConfigurationError(
-                    f"cannot read url {mask_url(self.url)!r}; expected e.g. "
+                    f"cannot read url {mask_unparsed_url(self.url)!r}; expected e.g. "
                     "postgresql+asyncpg://user@host:5432/dbname"
                 ) from None
         else:

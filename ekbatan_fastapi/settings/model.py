@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -24,6 +26,8 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -37,10 +41,10 @@ from pydantic_settings import (
 
 from ..domain.durations import parse_iso_duration
 from ..domain.errors import ConfigurationError
-from ..engine.config import DEFAULT_RESULTS_WAIT, MAX_CLAIM_AHEAD, MIN_MISSED_HEARTBEATS
-from ..engine.logs import LOG_HANDLER_MODES
-from ..store.options import DEFAULT_IDLE_TRANSACTION_TIMEOUT, validate_pooler
+from ..domain.text import is_secret_name, mask_url
+from ..engine.config import SchedulerConfig, Setting, closest, settings_of
 from .datasource import DataSourceConfig
+from .environment import KnownVariables
 from .keys import SettingsSection, canonical_key, canonical_mapping, display_key
 from .sources import (
     CONFIG_FILE,
@@ -86,17 +90,26 @@ def _indexed_list(value: Any) -> Any:
     return value
 
 
-def _module_list(value: Any) -> Any:
-    """``modules`` also accepts a comma-separated string (handy in environment variables)."""
+def _text_list(value: Any, what: str) -> Any:
+    """A list that also comes as a comma-separated string (handy in environment variables)."""
     value = _indexed_list(value)
     if isinstance(value, str):
         if value.lstrip().startswith("["):
             try:
                 return json.loads(value)
             except ValueError:
-                raise ValueError(f"{value!r} is not a JSON list of module names") from None
+                raise ValueError(f"{value!r} is not a JSON list of {what}") from None
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def _text_list_of(what: str) -> Callable[[Any], Any]:
+    """``_text_list`` for a list of ``what`` (in its error)."""
+
+    def parse(value: Any) -> Any:
+        return _text_list(value, what)
+
+    return parse
 
 
 def _iso_duration(value: Any) -> Any:
@@ -109,6 +122,26 @@ def _iso_duration(value: Any) -> Any:
 
 IsoDuration = Annotated[timedelta, BeforeValidator(_iso_duration)]
 
+DURATION_BOUNDS: dict[str, tuple[timedelta, timedelta, str]] = {
+    setting.name: (setting.shortest, setting.longest, setting.example or "")
+    for setting in settings_of()
+    if setting.in_file and setting.kind == "duration"
+}
+"""Each duration setting of ``ekbatan.jobs``: (shortest, longest, an example), from its
+declaration in ``SchedulerConfig``. A value outside stops startup with an error naming the
+key, the value and the bound (docs/fastapi.md)."""
+OVERRIDE_TIMEOUT = Setting(
+    "timeout",
+    "The job's timeout, winning over its class's timeout() (docs/execution-control.md).",
+    "duration",
+    None,
+    optional=True,
+    shortest=timedelta(milliseconds=1),
+    longest=timedelta(days=30),
+    example="PT10M",
+)
+"""``ekbatan.jobs.overrides.<job>.timeout``, checked as the settings of ``SchedulerConfig``."""
+
 
 class JobOverrideSettings(SettingsSection):
     """``ekbatan.jobs.overrides.<job name>``: a timeout or concurrency limit that wins over the
@@ -117,46 +150,59 @@ class JobOverrideSettings(SettingsSection):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout: IsoDuration | None = None
+    """The job's timeout, winning over its class's ``timeout()`` (docs/execution-control.md)."""
     max_concurrency: int | None = Field(default=None, ge=1)
+    """At most this many executions of the job at once, cluster-wide, winning over its
+    class's ``max_concurrency()``."""
 
     @field_validator("timeout")
     @classmethod
-    def _positive(cls, value: timedelta | None) -> timedelta | None:
-        if value is not None and value <= timedelta(0):
-            raise ValueError("must be longer than zero, e.g. PT10M")
-        return value
+    def _bounded(cls, value: timedelta | None) -> timedelta | None:
+        checked: timedelta | None = OVERRIDE_TIMEOUT.checked(value)
+        return checked
 
 
-class JobsSettings(SettingsSection):
-    """``ekbatan.jobs``: the scheduler's knobs (their defaults: docs/fastapi.md)."""
+def _annotation(setting: Setting) -> Any:
+    """The type pydantic reads a setting's value as (from the environment, YAML, ...)."""
+    annotation: Any = {
+        "duration": IsoDuration,
+        "integer": int,
+        "boolean": bool,
+        "text": str,
+        "texts": Annotated[
+            list[str],
+            NoDecode,
+            BeforeValidator(_text_list_of(setting.item)),
+        ],
+    }[setting.kind]
+    return annotation | None if setting.optional else annotation
+
+
+def _field(setting: Setting) -> tuple[Any, Any]:
+    default = setting.default
+    if isinstance(default, list):
+        return _annotation(setting), Field(default_factory=list, description=setting.description)
+    return _annotation(setting), Field(default=default, description=setting.description)
+
+
+_FILE_SETTINGS = {setting.name: setting for setting in settings_of() if setting.in_file}
+
+if TYPE_CHECKING:
+    _JobsFields = SettingsSection
+else:
+    _JobsFields = create_model(
+        "_JobsFields",
+        __base__=SettingsSection,
+        **{name: _field(setting) for name, setting in _FILE_SETTINGS.items()},
+    )
+
+
+class JobsSettings(_JobsFields):
+    """``ekbatan.jobs``: a field per ``SchedulerConfig`` setting of the settings file, by the
+    same name (generated: a new setting needs no edit here), and ``overrides``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    polling_interval: IsoDuration = timedelta(seconds=10)
-    heartbeat_interval: IsoDuration = timedelta(seconds=10)
-    shutdown_max_wait: IsoDuration = timedelta(minutes=30)
-    """Applied twice at shutdown: wait, cancel, wait again."""
-    missed_heartbeats_limit: int = 6
-    delete_unresolved_after: IsoDuration = timedelta(days=14)
-    modules: Annotated[list[str], NoDecode, BeforeValidator(_module_list)] = Field(
-        default_factory=list
-    )
-    """Modules imported at startup so that their ``@distributed_job`` classes are found."""
-    metrics: bool = False
-    """Collect Prometheus metrics (the ``[metrics]`` extra); ``metrics_router`` serves them."""
-    opentelemetry: bool = False
-    """Trace every execution with OpenTelemetry (the ``[otel]`` extra, docs/opentelemetry.md);
-    off: opentelemetry is never imported by Ekbatan."""
-    opentelemetry_statements: bool = False
-    """Also a span per poll and completion statement (needs ``opentelemetry: true``)."""
-    app_version: str | None = None
-    """The application's version, written with the job definitions: during a rolling deploy
-    an older version never changes what a newer one wrote."""
-    timeout_grace: IsoDuration | None = None
-    """How long a timed-out async execution may clean up (default: one heartbeat interval)."""
-    claim_ahead: IsoDuration = timedelta(0)
-    """Claim rows due within this lead and start each at its time (``PT0.2S``; PostgreSQL;
-    ``PT0S``: only due rows, as db-scheduler)."""
     overrides: dict[str, JobOverrideSettings] = Field(default_factory=dict)
     """Per job (by name, spelled like any key: ``nightly-export`` = ``NIGHTLY_EXPORT``):
     ``timeout`` and ``max-concurrency`` that win over the job class's."""
@@ -165,78 +211,21 @@ class JobsSettings(SettingsSection):
         """The override of ``job_name`` (keys compare as settings keys do)."""
         return self.overrides.get(canonical_key(job_name))
 
-    pooler: str = "none"
-    """``none``, ``pgbouncer-session`` or ``pgbouncer-transaction`` (docs/deployment.md)."""
-    idle_transaction_timeout: IsoDuration = timedelta(seconds=DEFAULT_IDLE_TRANSACTION_TIMEOUT)
-    """MySQL/MariaDB session bounds of the jobs pool (``PT0S``: leave the server's settings)."""
-    shutdown_results_wait: IsoDuration = timedelta(seconds=DEFAULT_RESULTS_WAIT)
-    """At shutdown, how long the database may take to record the last results."""
-
-    log_handler: str = "auto"
-    """``auto``: when nothing receives the library's log records (no root handler, none on
-    ``ekbatan_fastapi``), hand them to uvicorn's or gunicorn's handlers, or stderr;
-    ``none``: leave logging alone (docs/logging.md)."""
-
-    @field_validator("log_handler", mode="before")
+    @field_validator(*_FILE_SETTINGS)
     @classmethod
-    def _known_log_handler(cls, value: Any) -> str:
-        if value not in LOG_HANDLER_MODES:
-            raise ValueError(
-                f"is {value!r}; use auto (the server's log handlers when nothing else receives "
-                "the library's records) or none (leave logging alone)"
-            )
-        return str(value)
+    def _by_its_rule(cls, value: Any, info: ValidationInfo) -> Any:
+        """The setting's rule, as ``SchedulerConfig.validate`` applies it (one rule each)."""
+        return _FILE_SETTINGS[info.field_name or ""].checked(value)
 
-    @field_validator("pooler", mode="before")
-    @classmethod
-    def _known_pooler(cls, value: Any) -> str:
-        try:
-            return validate_pooler(value)
-        except ConfigurationError as error:
-            raise ValueError(str(error)) from None
+    @cached_property
+    def config(self) -> SchedulerConfig:
+        """These settings, typed, as a ``SchedulerConfig`` (the builder's own settings at their
+        defaults): what the package reads them from. Not to be changed."""
+        return SchedulerConfig(**self.values())
 
-    @field_validator("idle_transaction_timeout")
-    @classmethod
-    def _not_negative(cls, value: timedelta) -> timedelta:
-        if value < timedelta(0):
-            raise ValueError("must not be negative, e.g. PT10S (PT0S: leave the server's settings)")
-        return value
-
-    @field_validator("claim_ahead")
-    @classmethod
-    def _short_lead(cls, value: timedelta) -> timedelta:
-        if not timedelta(0) <= value <= MAX_CLAIM_AHEAD:
-            raise ValueError(
-                f"must be from PT0S to PT{MAX_CLAIM_AHEAD.total_seconds():g}S, e.g. PT0.2S "
-                "(PT0S claims only due rows)"
-            )
-        return value
-
-    @field_validator(
-        "polling_interval", "heartbeat_interval", "shutdown_max_wait", "shutdown_results_wait"
-    )
-    @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("must be longer than zero, e.g. PT10S")
-        return value
-
-    @field_validator("delete_unresolved_after")
-    @classmethod
-    def _positive_days(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("must be longer than zero, e.g. P14D")
-        return value
-
-    @field_validator("missed_heartbeats_limit")
-    @classmethod
-    def _enough_misses(cls, value: int) -> int:
-        if value < MIN_MISSED_HEARTBEATS:
-            raise ValueError(
-                f"must be at least {MIN_MISSED_HEARTBEATS}, got {value}; fewer would declare "
-                "executions dead after one slow heartbeat"
-            )
-        return value
+    def values(self) -> dict[str, Any]:
+        """Every setting of the file by its ``SchedulerConfig`` name (``overrides`` aside)."""
+        return {name: getattr(self, name) for name in _FILE_SETTINGS}
 
 
 class ShardMember(SettingsSection):
@@ -298,6 +287,13 @@ class EkbatanSettings(BaseSettings):
             values = _canonical_tree(values)
         except ValueError as error:
             raise ConfigurationError(f"invalid ekbatan settings: {error}") from None
+        known = list(type(self).model_fields)
+        for key in values:
+            if not key.startswith("_") and key not in known:
+                problem = _unknown_key(key, "ekbatan", known)
+                raise ConfigurationError(
+                    f"invalid ekbatan settings: EkbatanSettings({key}=...): {problem}"
+                )
         token = CONFIG_FILE.set(_config_file)
         try:
             super().__init__(**values)
@@ -324,6 +320,7 @@ class EkbatanSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (
+            KnownVariables(settings_cls, [env_settings, dotenv_settings]),
             init_settings,
             env_settings,
             DatabaseUrlAlias(settings_cls, env_settings),
@@ -384,10 +381,21 @@ def _describe(error: ValidationError) -> str:
             where = (
                 "ekbatan.jobs.overrides.<job>" if section is JobOverrideSettings else "ekbatan.jobs"
             )
-            known = ", ".join(display_key(name) for name in section.model_fields)
-            message = f"unknown key; the keys of {where} are {known}"
-        lines.append(f"  - {path} (environment: {env}): {message}")
+            message = _unknown_key(str(item["loc"][-1]), where, list(section.model_fields))
+        lines.append(f"  - {path} (environment: {env}): {mask_url(message)}")
     return "invalid ekbatan settings:\n" + "\n".join(lines)
+
+
+def _unknown_key(key: str, where: str, known: list[str], environment: str = "") -> str:
+    """ "unknown key", the nearest known one and all of them."""
+    nearest = closest(canonical_key(key), known)
+    guess = ""
+    if nearest is not None:
+        guess = f"did you mean {display_key(nearest)}"
+        guess += f" ({environment}{nearest.upper()})?" if environment else "?"
+        guess += " "
+    listed = ", ".join(display_key(name) for name in known)
+    return f"unknown key; {guess}the keys of {where} are {listed}"
 
 
 def _structured_field(path: list[str]) -> bool:
@@ -412,6 +420,10 @@ def _structured_field(path: list[str]) -> bool:
     )
 
 
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _describe_environment(error: SettingsError) -> str:
     """Name each ``EKBATAN_`` variable that holds a section but is not JSON, and the fix."""
     named = []
@@ -425,11 +437,12 @@ def _describe_environment(error: SettingsError) -> str:
             json.loads(value)
         except ValueError:
             dotted = "ekbatan." + ".".join(display_key(part) for part in path)
+            shown = "<hidden>" if is_secret_name(variable) else repr(_clip(mask_url(value)))
             named.append(
-                f"  {variable}={value[:40]!r}: {dotted} is a section, so the variable must "
+                f"  {variable}={shown}: {dotted} is a section, so the variable must "
                 f"hold JSON (e.g. {variable}='{{...}}'), or set one value per variable "
                 f"({variable}__<key>=...)"
             )
     if not named:
-        return f"invalid ekbatan settings: {error}"
+        return f"invalid ekbatan settings: {mask_url(str(error))}"
     return "invalid ekbatan settings:\n" + "\n".join(named)

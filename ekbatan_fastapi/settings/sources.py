@@ -14,6 +14,8 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from ..domain.errors import ConfigurationError
+from ..domain.text import mask_url
+from ..engine.config import closest
 from .keys import canonical_key, canonical_mapping, display_key
 
 __all__ = [
@@ -62,6 +64,18 @@ def _interpolate(value: Any, path: str, source: Path) -> Any:
     return value
 
 
+def _yaml_problem(error: Exception) -> str:
+    """PyYAML's complaint and where, without the snippet of the file it quotes: that line
+    (or, for an unclosed quote, the lines after it) may hold a password."""
+    problem = getattr(error, "problem", None)
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    if problem is None or mark is None:
+        return f"{type(error).__name__} (the file's text is not shown: it may hold secrets)"
+    context = getattr(error, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    return mask_url(f"{context + ': ' if context else ''}{problem} at {where}")
+
+
 class YamlFileSource(PydanticBaseSettingsSource):
     """The ``ekbatan:`` section of the YAML file named by ``EKBATAN_CONFIG_FILE``."""
 
@@ -89,7 +103,8 @@ class YamlFileSource(PydanticBaseSettingsSource):
         try:
             document = yaml.safe_load(text)
         except yaml.YAMLError as error:
-            raise ConfigurationError(f"{source} is not valid YAML: {error}") from None
+            problem = _yaml_problem(error)
+            raise ConfigurationError(f"{source} is not valid YAML: {problem}") from None
         if not isinstance(document, dict) or not isinstance(document.get("ekbatan"), dict):
             raise ConfigurationError(
                 f"{source} has no 'ekbatan:' mapping at the top level; the settings live "
@@ -100,7 +115,20 @@ class YamlFileSource(PydanticBaseSettingsSource):
         except ValueError as error:  # a non-string key, or one key in two spellings
             raise ConfigurationError(f"invalid ekbatan settings: {error}") from None
         assert isinstance(result, dict)
+        _near_misses(result, list(self.settings_cls.model_fields), source)
         return result
+
+
+def _near_misses(section: dict[str, Any], known: list[str], source: Path) -> None:
+    """A key of the file's ``ekbatan:`` section that is not Ekbatan's is left alone (the file
+    may hold the JVM Ekbatan's settings too), unless it is a misspelling of one of ours."""
+    for key in section:
+        nearest = closest(key, known, cutoff=0.8) if key not in known else None
+        if nearest is not None:
+            raise ConfigurationError(
+                f"invalid ekbatan settings: ekbatan.{display_key(key)} in {source} is not a "
+                f"key of Ekbatan's; did you mean ekbatan.{display_key(nearest)}?"
+            )
 
 
 def _environment_value(name: str) -> str | None:

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..domain.errors import ConfigurationError
 from ..domain.logs import library_logger
+from ..domain.text import mask_unparsed_url, mask_url
 from .dialects import DIALECTS, Dialect
 from .options import PoolOptions, validate_pooler
 
@@ -25,6 +26,7 @@ __all__ = [
     "ConnectionProvider",
     "check_pooler",
     "dialect_of",
+    "parse_url",
     "resolve_connection",
     "supported_urls",
 ]
@@ -55,12 +57,24 @@ def _by_scheme(scheme: str, url: URL) -> tuple[str, Dialect]:
 
 def dialect_of(url: str | URL) -> Dialect:
     """The dialect a URL selects (nothing is opened or imported)."""
-    parsed = make_url(url)
+    parsed = parse_url(url)
     return _by_scheme(parsed.drivername, parsed)[1]
 
 
+def parse_url(url: str | URL) -> URL:
+    """``url`` as a SQLAlchemy URL; a ConfigurationError (the URL masked) when it is none."""
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError, TypeError) as error:
+        shown = mask_unparsed_url(url) if isinstance(url, str) else "<the jobs URL>"
+        raise ConfigurationError(
+            f"cannot parse database URL {shown!r} ({mask_url(str(error))}); expected e.g. "
+            "postgresql+asyncpg://user:password@host:5432/dbname"
+        ) from None
+
+
 def _safe(url: URL) -> str:
-    return url.render_as_string(hide_password=True)
+    return mask_url(url)
 
 
 class ConnectionProvider:
@@ -113,14 +127,7 @@ class ConnectionProvider:
         ``pooler``: what sits between the library and the database (``"pgbouncer-transaction"``:
         no prepared statement outlives its statement). ``idle_transaction_timeout`` (seconds,
         MySQL/MariaDB): the session bounds of docs/deployment.md; None leaves them alone."""
-        try:
-            parsed = make_url(url)
-        except (ArgumentError, ValueError) as error:
-            shown = url if isinstance(url, str) and "@" not in url else "<the jobs URL>"
-            raise ConfigurationError(
-                f"cannot parse database URL {shown!r} ({error}); expected e.g. "
-                "postgresql+asyncpg://user:password@host:5432/dbname"
-            ) from None
+        parsed = parse_url(url)
         driver, dialect = _by_scheme(parsed.drivername, parsed)
         parsed = parsed.set(drivername=driver)
         if not isinstance(pool_size, int) or pool_size < 1:
@@ -143,6 +150,11 @@ class ConnectionProvider:
             hint = f'pip install "ekbatan-fastapi[{extra}]"' if extra else "install it"
             raise ConfigurationError(
                 f"the database driver for {driver}:// is not installed ({error}); {hint}"
+            ) from None
+        except (ArgumentError, ValueError, TypeError) as error:  # e.g. a port that is no number
+            raise ConfigurationError(
+                f"cannot use database URL {_safe(parsed)} ({mask_url(str(error))}); expected e.g. "
+                "postgresql+asyncpg://user:password@host:5432/dbname"
             ) from None
         if setup is not None and setup.on_engine is not None:
             setup.on_engine(engine)

@@ -11,26 +11,36 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import time
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Table, func, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Table, event, func, select
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import ColumnElement, Executable
 
-from ..domain.errors import DatabaseTimeout, DatabaseUnavailable, SchemaMissingError
+from ..domain.errors import (
+    DatabaseLoginRefused,
+    DatabaseTimeout,
+    DatabaseUnavailable,
+    SchemaMissingError,
+)
+from ..domain.text import mask_url
 from .external import describe_url
-from .lease import Lease, discard_connection, distrust_pool
 from .tables import Tables, quote_table
 
 __all__ = [
     "DEFAULT_STATEMENT_TIMEOUT",
     "Database",
     "Diagnosis",
+    "Lease",
     "aware",
+    "discard_connection",
+    "distrust_pool",
     "error_words",
     "is_autocommit",
 ]
@@ -43,7 +53,8 @@ class Diagnosis:
     """What a database error means, in the words ``status()`` and ``/jobs`` show."""
 
     condition: str
-    """``unreachable`` (no connection), ``timeout`` (no answer in time), ``read-only`` (a
+    """``unreachable`` (no connection), ``login-refused`` (the server refused the configured
+    user's login, or has no such database), ``timeout`` (no answer in time), ``read-only`` (a
     standby or a fenced primary answered), ``pooler`` (a transaction-pooling PgBouncer refused
     a prepared statement), ``schema-missing``, ``lock-wait``, or ``error`` (the database
     refused the statement for another reason)."""
@@ -54,12 +65,45 @@ class Diagnosis:
 
 
 def error_words(error: BaseException) -> str:
+    """The driver's own words for ``error`` (its class and message), secrets masked."""
     inner = getattr(error, "orig", None) or error
-    return (
-        f"{type(inner).__name__}: {str(inner).strip()}"
-        if str(inner).strip()
-        else (type(inner).__name__)
-    )
+    words = str(inner).strip()
+    return mask_url(f"{type(inner).__name__}: {words}") if words else type(inner).__name__
+
+
+_LOGIN_SQLSTATES = {"28P01": "login", "28000": "login", "3D000": "database"}
+"""PostgreSQL's answers to a login: invalid_password, invalid_authorization_specification
+(an unknown role, no pg_hba.conf entry), invalid_catalog_name (no such database)."""
+_PROTOCOL_VIOLATION = "08P01"
+"""What PgBouncer answers a wrong password with ("password authentication failed", "SASL
+authentication failed"), where the server itself says 28P01."""
+_LOGIN_ERRNOS = {1045: "login", 1698: "login", 1044: "grant", 1049: "database"}
+"""MySQL/MariaDB's: ER_ACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR,
+ER_DBACCESS_DENIED_ERROR, ER_BAD_DB_ERROR."""
+
+
+def login_refusal(error: BaseException) -> tuple[str, str] | None:
+    """``(kind, code)`` when ``error`` is a server's refusal of our login (``login``,
+    ``grant``: the user may not use that database, ``database``: no such database), read from
+    the driver's code (a PostgreSQL SQLSTATE, a MySQL/MariaDB error number), else None."""
+    for candidate in (error, getattr(error, "orig", None)):
+        if candidate is None or isinstance(candidate, OSError):
+            continue
+        args = getattr(candidate, "args", ())  # MySQL/MariaDB's number first: it says more
+        if args and type(args[0]) is int and args[0] in _LOGIN_ERRNOS:
+            return _LOGIN_ERRNOS[args[0]], f"error {args[0]}"
+        state = getattr(candidate, "sqlstate", None)
+        if isinstance(state, str) and state in _LOGIN_SQLSTATES:
+            return _LOGIN_SQLSTATES[state], f"SQLSTATE {state}"
+        if state == _PROTOCOL_VIOLATION and "authentication failed" in str(candidate):
+            return "login", f"SQLSTATE {state}"  # PgBouncer's answer to a wrong password
+    return None
+
+
+_URL_SETTING = (
+    "the jobs database's URL (EKBATAN_DATABASE_URL or the jobs-config slot's url; the CLI's --url)"
+)
+_ADMITTED = {"postgresql": "pg_hba.conf", "mysql": "its user@host accounts"}
 
 
 T = TypeVar("T")
@@ -119,6 +163,10 @@ class Database(abc.ABC):
         also when the application handed over an ``AUTOCOMMIT`` engine)."""
         self.where = describe_url(engine.url)
         """``backend://host:port/database``: named in connection errors (never a password)."""
+        self.write_conflicts = 0
+        """Transactions run again after a write conflict (MySQL/MariaDB error 1213: an InnoDB
+        deadlock, or a Galera certification conflict reported at COMMIT); read by the
+        ``ekbatan_write_conflicts_total`` metric."""
         self.statement_timeout = statement_timeout
         """Seconds a statement (with its connection checkout) may take; None: unbounded. A
         connection that died without a reset (a partition, a failover that moved the address)
@@ -212,9 +260,13 @@ class Database(abc.ABC):
         if isinstance(error, DatabaseUnavailable):
             return error
         diagnosis = self.diagnose(error)
-        if diagnosis.condition != "unreachable" or diagnosis.reachable:
+        wrapped: DatabaseUnavailable
+        if diagnosis.condition == "login-refused":
+            wrapped = DatabaseLoginRefused(diagnosis.message)
+        elif diagnosis.condition == "unreachable" and not diagnosis.reachable:
+            wrapped = DatabaseUnavailable(diagnosis.message)
+        else:
             return error
-        wrapped = DatabaseUnavailable(diagnosis.message)
         wrapped.__cause__ = error
         return wrapped
 
@@ -225,8 +277,13 @@ class Database(abc.ABC):
             return Diagnosis("schema-missing", True, str(error))
         if isinstance(error, DatabaseTimeout):
             return Diagnosis("timeout", False, str(error))
+        if isinstance(error, DatabaseLoginRefused):
+            return Diagnosis("login-refused", True, str(error))
         if isinstance(error, DatabaseUnavailable):
             return Diagnosis("unreachable", False, str(error))
+        refusal = login_refusal(error)
+        if refusal is not None:
+            return Diagnosis("login-refused", True, self._refused(*refusal))
         found = self.diagnose_driver(error)
         if found is not None:
             return found
@@ -240,6 +297,30 @@ class Database(abc.ABC):
                 "error", True, f"the database refused a statement: {error_words(error)}"
             )
         return self._unreachable(error)
+
+    def _refused(self, kind: str, code: str) -> str:
+        """What a refused login means and its fix, naming where but never the user (the
+        driver's own words name the user: an unauthenticated ``/jobs`` shows this)."""
+        database = self.engine.url.database or ""
+        if kind == "database":
+            return (
+                f"there is no database {database!r} at {self.where} (the server answered "
+                f"{code}): create it (CREATE DATABASE), or fix the database name in "
+                f"{_URL_SETTING}"
+            )
+        if kind == "grant":
+            return (
+                f"the database at {self.where} refused the configured user access to database "
+                f"{database!r} ({code}): grant it (GRANT ... ON {database}.* TO ...), or fix "
+                f"the database name in {_URL_SETTING}"
+            )
+        rules = _ADMITTED.get(self.engine.dialect.name, "its access rules")
+        return (
+            f"the database at {self.where} refused the login of the configured user ({code}: "
+            "a wrong password, a user it does not know, or a host it does not admit): check "
+            f"the user and password in {_URL_SETTING} or the jobs-config slot's username and "
+            f"password, and that the server admits that user from this host ({rules})"
+        )
 
     def _unreachable(self, error: BaseException) -> Diagnosis:
         return Diagnosis(
@@ -269,15 +350,47 @@ class Database(abc.ABC):
         try:
             async with bound:
                 yield lease
-        except TimeoutError:
-            await lease.discard()
-            if not bound.expired():
-                raise  # the driver's own timeout (a connect timeout), not ours
+        except BaseException as error:
+            failure = await self._failed_on(lease, error, bound.expired())
+            if failure is error:
+                raise
+            raise failure from None
+
+    async def fetch(self, lease: Lease, sql: str, args: list[Any]) -> list[Any]:
+        """Run ``sql`` on ``lease``'s driver connection (asyncpg's ``fetch``), as ``leased``
+        bounds and translates it: the hot statements' round trip, without a context manager
+        (the connection held since the last statement is read directly)."""
+        bound = asyncio.timeout(self.statement_timeout)
+        try:
+            async with bound:
+                # ``lease.driver()`` written out (the first statement after each idle poll)
+                if lease._timer is not None:
+                    lease._timer.cancel()
+                    lease._timer = None
+                driver = lease._driver
+                if driver is None:
+                    if lease._conn is None:
+                        lease._conn = await lease._engine.connect()
+                    raw = await lease._conn.get_raw_connection()
+                    driver = lease._driver = raw.driver_connection
+                rows: list[Any] = await driver.fetch(sql, *args)
+                return rows
+        except BaseException as error:
+            failure = await self._failed_on(lease, error, bound.expired())
+            if failure is error:
+                raise
+            raise failure from None
+
+    async def _failed_on(self, lease: Lease, error: BaseException, expired: bool) -> BaseException:
+        """A statement on ``lease`` failed: its connection is discarded (it may be unusable).
+        The error to raise: ``timeout_error`` when our bound ``expired`` (the pool distrusted:
+        its other connections most likely lead to the same silent server), else ``error``
+        (a driver's own timeout, a connect timeout, is not ours)."""
+        await lease.discard()
+        if expired and isinstance(error, TimeoutError):
             distrust_pool(self.engine)
-            raise self.timeout_error() from None
-        except BaseException:
-            await lease.discard()
-            raise
+            return self.timeout_error()
+        return error
 
     @contextlib.asynccontextmanager
     async def connect(
@@ -295,37 +408,35 @@ class Database(abc.ABC):
                     if begin:
                         await stack.enter_async_context(conn.begin())
                     yield conn
-            except TimeoutError as error:
-                if conn is not None:
+            except (TimeoutError, asyncio.CancelledError, DBAPIError, OSError) as error:
+                if conn is not None and self._spoils(error):
                     await discard_connection(conn)
-                if not bound.expired():  # the driver's own timeout (a connect timeout)
-                    wrapped = self.unavailable(error)
-                    if wrapped is error:
-                        raise
-                    raise wrapped from error
-                if conn is not None:
-                    distrust_pool(engine or self.engine)
-                raise self.timeout_error(connecting=conn is None) from None
-            except asyncio.CancelledError:
-                # Interrupted mid-statement (a stopping loop): the driver may still wait for
-                # the answer or for its cancel request, so the connection is not reusable.
-                if conn is not None:
-                    await discard_connection(conn)
-                raise
-            except DBAPIError as error:
-                if conn is not None and self.must_discard(error):
-                    await discard_connection(conn)
-                translated = self.unavailable(self.translate(error))
+                if isinstance(error, TimeoutError) and bound.expired():
+                    if conn is not None:
+                        distrust_pool(engine or self.engine)
+                    raise self.timeout_error(connecting=conn is None) from None
+                translated = self._translated(error)
                 if translated is error:
                     raise
                 raise translated from error
-            except OSError as error:  # a refused connection, an unknown host: raw from asyncpg
-                if conn is not None:
-                    await discard_connection(conn)
-                translated = self.unavailable(error)
-                if translated is error:
-                    raise
-                raise translated from error
+
+    def _spoils(self, error: BaseException) -> bool:
+        """Whether the connection a failure happened on must be discarded: after a timeout or
+        a cancellation (interrupted mid-statement, the driver may still wait for the answer
+        or for its cancel request), a network error, or a driver error that leaves it
+        unusable (``must_discard``)."""
+        return not isinstance(error, DBAPIError) or self.must_discard(error)
+
+    def _translated(self, error: BaseException) -> BaseException:
+        """The error to raise for a failure of ``connect``'s block: a driver error translated
+        (``translate``), and what means the database cannot be reached (a refused
+        connection, an unknown host: raw from asyncpg; the driver's own connect timeout) as
+        ``unavailable`` says; a cancellation as it is."""
+        if isinstance(error, asyncio.CancelledError):
+            return error
+        if isinstance(error, DBAPIError):
+            return self.unavailable(self.translate(error))
+        return self.unavailable(error)
 
     async def rows(self, stmt: Executable, params: Any = None) -> list[Any]:
         """Run one statement and return its rows (none for a statement without)."""
@@ -343,3 +454,154 @@ class Database(abc.ABC):
         """One row: the database's now (aware, UTC) and ``extra`` columns read with it."""
         row = (await self.rows(select(self.now_expr(), *extra)))[0]
         return [aware(row[0]), *row[1:]]
+
+
+# -- Leases: connections held by busy loops ---------------------------------------------------
+
+_LEASE_IDLE = 1.0
+"""Seconds a lease keeps its idle connection before giving it back to the pool."""
+
+
+_DISTRUSTED: weakref.WeakKeyDictionary[Any, list[float]] = weakref.WeakKeyDictionary()
+"""Per pool: the time before which its connections are not trusted (see ``distrust_pool``)."""
+
+
+def _abort(dbapi_connection: Any) -> None:
+    driver = getattr(dbapi_connection, "driver_connection", None)
+    close = getattr(driver, "terminate", None) or getattr(driver, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):
+            close()
+
+
+def _born(_dbapi_connection: Any, record: Any) -> None:
+    record.info["ekbatan_born"] = time.monotonic()
+
+
+def _make_checkout_check(mark: list[float]) -> Any:
+    def check(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if record.info.get("ekbatan_born", 0.0) < mark[0]:
+            _abort(dbapi_connection)  # at once: the polite close would wait for a silent server
+            raise DisconnectionError("opened before the pool's server went silent")
+
+    return check
+
+
+def distrust_pool(engine: AsyncEngine) -> None:
+    """A statement on one of ``engine``'s connections got no answer within its bound: the
+    server (or the path to it) went silent, and every idle connection of the pool opened
+    before now most likely leads to the same place. Each is replaced by a new connection at
+    its next checkout instead of spending a statement timeout of its own (5 idle connections
+    to a frozen primary were 5 timeouts in a row, before the first reconnect)."""
+    pool = engine.sync_engine.pool
+    mark = _DISTRUSTED.get(pool)
+    if mark is None:
+        mark = [0.0]
+        _DISTRUSTED[pool] = mark
+        event.listen(pool, "connect", _born)
+        event.listen(pool, "checkout", _make_checkout_check(mark))
+    mark[0] = time.monotonic()
+
+
+async def discard_connection(conn: AsyncConnection) -> None:
+    """Close a connection that must not be reused, at once.
+
+    SQLAlchemy's invalidation closes an asyncpg connection politely (a Terminate message, up to
+    2 s for the answer): on a connection that went silent that is 2 s lost, each time. The
+    driver's ``terminate()`` (asyncpg) closes the socket without a word first.
+    """
+    with contextlib.suppress(Exception):
+        raw = await conn.get_raw_connection()
+        terminate = getattr(raw.driver_connection, "terminate", None)
+        if callable(terminate):
+            terminate()
+    with contextlib.suppress(Exception):
+        await conn.invalidate()
+
+
+class Lease:
+    """One pooled connection that a busy loop keeps across its statements.
+
+    Checking a connection out of the pool and back costs more client CPU than a small
+    statement (SQLAlchemy's checkout, the AUTOCOMMIT switch and the reset on return), so on
+    PostgreSQL the poller and the completer each hold one while they have work: at most two
+    connections of the pool, besides the LISTEN connection. A loop calls ``idle()`` before a
+    short wait (the connection goes back to the pool after ``_LEASE_IDLE`` seconds without
+    use) and ``release()`` before a long one, so an idle scheduler holds none. Any error or
+    cancellation during a statement discards the connection (it is never reused).
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._conn: AsyncConnection | None = None
+        self._driver: Any = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def connection(self) -> AsyncConnection:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._conn is None:
+            self._conn = await self._engine.connect()
+        return self._conn
+
+    async def driver(self) -> Any:
+        """The driver's own connection (asyncpg's), for the statements that skip SQLAlchemy
+        (``connection`` written out; ``Database.fetch`` writes this out in turn)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._driver is None:
+            if self._conn is None:
+                self._conn = await self._engine.connect()
+            self._driver = (await self._conn.get_raw_connection()).driver_connection
+        return self._driver
+
+    def idle(self) -> None:
+        """The loop is about to wait: give the connection back unless it is used again soon."""
+        if self._conn is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(_LEASE_IDLE, self._expire)
+
+    def _detach(self) -> AsyncConnection | None:
+        """Forget the connection (and a pending idle release); the caller closes it."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conn, self._conn, self._driver = self._conn, None, None
+        return conn
+
+    def _expire(self) -> None:
+        self._timer = None
+        conn = self._detach()
+        if conn is not None:
+            task = asyncio.get_running_loop().create_task(self._close(conn, invalidate=False))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close(conn: AsyncConnection, *, invalidate: bool) -> None:
+        if invalidate:
+            await discard_connection(conn)
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+    async def discard(self) -> None:
+        """Drop the connection after an error: it is invalidated, never pooled again."""
+        conn = self._detach()
+        if conn is not None:
+            await self._close(conn, invalidate=True)
+
+    async def release(self) -> None:
+        """Give the connection back now (a loop that ends, a poller with nothing due: once per
+        idle poll, so ``_detach`` and ``_close`` are written out)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conn = self._conn
+        if conn is not None:
+            self._conn = self._driver = None
+            with contextlib.suppress(Exception):
+                await conn.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -17,6 +17,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..domain.errors import ConfigurationError
+from .cancels import CancelStore
 from .database import DEFAULT_STATEMENT_TIMEOUT, Database
 from .jobs import JobsStore
 from .mysql import connect as mysql_connect
@@ -92,10 +93,14 @@ class Store:
     jobs: JobsStore
     traces: TraceStore = field(default=None)  # type: ignore[assignment]
     """The trace contexts of scheduled one-time tasks (built from ``db`` when not given)."""
+    cancels: CancelStore = field(default=None)  # type: ignore[assignment]
+    """Requests to stop running executions (built from ``db`` when not given)."""
 
     def __post_init__(self) -> None:
         if self.traces is None:
             object.__setattr__(self, "traces", TraceStore(self.db))
+        if self.cancels is None:
+            object.__setattr__(self, "cancels", CancelStore(self.db))
 
     @property
     def tables(self) -> Tables:

@@ -8,15 +8,15 @@ from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import case, delete, exists, func, or_, select, update
 from sqlalchemy.sql import Executable
 
 from ..domain.backfill import BACKFILL_PREFIX
-from ..domain.records import JobDefinition, Outcome
+from ..domain.rows import JobDefinition, Outcome
 from .database import Database, aware, chunks
 from .presence import TablesPresence
 
-__all__ = ["JobsStore"]
+__all__ = ["JobsStore", "Streak"]
 
 _RECHECK_MISSING = 30.0
 _BATCH = 1000
@@ -34,6 +34,11 @@ _COLUMNS = (
     "catch_up",
 )
 """What ``write`` sets: the definition; the slot counters are left as they are."""
+
+
+Streak = tuple[datetime | None, int, datetime]
+"""A streak of missed slots to write for one task instance: (the row's due time it continues
+from, None for a new streak; slots missed; the row's due time after them)."""
 
 
 def _row(d: JobDefinition, now: datetime) -> dict[str, Any]:
@@ -82,6 +87,9 @@ class JobsStore:
         self.db = db
         self.table = db.tables.jobs
         self.presence = TablesPresence(db, [self.table], _RECHECK_MISSING)
+        self.streak_table = db.tables.streaks
+        self.streak_presence = TablesPresence(db, [self.streak_table], _RECHECK_MISSING)
+        """``ekbatan_missed_streaks`` (migration V0007): without it, no streak is kept."""
 
     @property
     def present(self) -> bool:
@@ -157,6 +165,66 @@ class JobsStore:
                     skipped_slots=j.c.skipped_slots + skipped,
                 )
             )
+
+    async def add_streaks(self, streaks: dict[tuple[str, str], Streak]) -> None:
+        """Write the streaks of missed slots: one that continues from the due time its row
+        still had (``after``) adds to the stored count, any other replaces it."""
+        s = self.streak_table
+        for (name, instance), (after, missed, next_time) in streaks.items():
+            key = (s.c.task_name == name) & (s.c.task_instance == instance)
+            count = missed if after is None else case(
+                (s.c.next_time == after, s.c.missed + missed), else_=missed
+            )  # fmt: skip
+            values = {"missed": count, "next_time": next_time, "updated_at": self.db.now_expr()}
+            if await self.db.rowcount(update(s).where(key).values(values)):
+                continue
+            row = {"task_name": name, "task_instance": instance, "missed": missed}
+            now = (await self.db.clock())[0]
+            await self.db.rowcount(
+                self._streak_upsert, [row | {"next_time": next_time, "updated_at": now}]
+            )
+
+    @functools.cached_property
+    def _streak_upsert(self) -> Executable:
+        return self.db.upsert_many(
+            self.streak_table, ("task_name", "task_instance", "missed", "next_time", "updated_at")
+        )
+
+    async def prune_streaks(self) -> int:
+        """Delete the streaks whose task row is gone (a schedule deleted or ended: one row
+        per schedule would otherwise stay for ever); how many (0 without the table). A
+        streak of a row that still exists is kept (ended or not: one row per task)."""
+        presence = self.streak_presence
+        if not presence.present and not await presence.look():
+            return 0
+        s, t = self.streak_table, self.db.tables.tasks
+        orphaned = ~exists().where(
+            t.c.task_name == s.c.task_name, t.c.task_instance == s.c.task_instance
+        )
+        return await self.db.rowcount(delete(s).where(orphaned))
+
+    async def streaks(self, names: Collection[str]) -> dict[tuple[str, str], int]:
+        """The streaks of missed slots of ``names`` still going on (the row still due at the
+        time the streak was counted up to: no slot ran since), by (task name, instance).
+        Empty without the table (migration V0007)."""
+        if not names or not (self.streak_presence.present or await self.streak_presence.look()):
+            return {}
+        s, t = self.streak_table, self.db.tables.tasks
+        on = (
+            (t.c.task_name == s.c.task_name)
+            & (t.c.task_instance == s.c.task_instance)
+            & (t.c.execution_time == s.c.next_time)
+        )
+        found: dict[tuple[str, str], int] = {}
+        for chunk in chunks(sorted(names), _BATCH):
+            stmt = (
+                select(s.c.task_name, s.c.task_instance, s.c.missed)
+                .select_from(s.join(t, on))
+                .where(s.c.task_name.in_(chunk), s.c.missed > 0)
+            )
+            for r in await self.db.rows(stmt):
+                found[(str(r.task_name), str(r.task_instance))] = int(r.missed)
+        return found
 
     async def backfills(self) -> dict[str, int]:
         """Backfill rows (``backfill:<slot>``), by task name, cluster-wide."""

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from ..domain.records import ExecutionRecord, InstanceInfo, PauseInfo
+from ..domain.rows import ExecutionRecord, InstanceInfo, PauseInfo
 from .database import Database, known_time
 from .external import Caller
 from .presence import TablesPresence

@@ -8,6 +8,7 @@ migration has come.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,33 +28,36 @@ class TablesPresence:
         self.db = db
         self.tables = list(tables)
         self.recheck = recheck
-        self._present = False
-        self._checked_at = -recheck
-
-    @property
-    def present(self) -> bool:
+        self.present = False
         """The tables were found (as of the last look)."""
-        return self._present
+        self._checked_at = -recheck
+        # Lookers while a look is in flight wait for its answer: without it they saw the
+        # window just opened and answered "missing" for tables that exist (a fresh
+        # scheduler's history off, client.history() raising SchemaMissingError).
+        self._looking = asyncio.Lock()
 
     async def look(self, *, force: bool = False) -> bool:
         """True when every table exists (``force``: read the catalog now)."""
-        if self._present:
+        if self.present:
             return True
-        now = time.monotonic()
-        if not force and now - self._checked_at < self.recheck:
-            return False
-        self._checked_at = now
-        tables = self.tables
+        async with self._looking:
+            if self.present:
+                return True
+            now = time.monotonic()
+            if not force and now - self._checked_at < self.recheck:
+                return False
+            self._checked_at = now
+            tables = self.tables
 
-        def check(sync_conn: Any) -> bool:
-            inspector = inspect(sync_conn)
-            return all(inspector.has_table(t.name, schema=t.schema) for t in tables)
+            def check(sync_conn: Any) -> bool:
+                inspector = inspect(sync_conn)
+                return all(inspector.has_table(t.name, schema=t.schema) for t in tables)
 
-        async with self.db.connect() as conn:
-            self._present = bool(await conn.run_sync(check))
-        return self._present
+            async with self.db.connect() as conn:
+                self.present = bool(await conn.run_sync(check))
+            return self.present
 
     def forget(self) -> None:
         """A statement found a table gone: look again, not before ``recheck`` seconds."""
-        self._present = False
+        self.present = False
         self._checked_at = time.monotonic()

@@ -1,9 +1,9 @@
-"""The tables as SQLAlchemy metadata (for Alembic users, ``create_schema`` and the statements).
+"""The tables as SQLAlchemy metadata (for Alembic users and the statements).
 
 ``scheduled_tasks`` is db-scheduler's table, verbatim, so that it stays compatible with
 db-scheduler itself. Beside it live our own tables (execution history, paused tasks, live
-scheduler instances), in the same schema. ``migrations/<dialect>/`` holds the same DDL as SQL
-files and a test proves the two agree.
+scheduler instances), in the same schema. ``migrations/<dialect>/`` holds the DDL as SQL files
+(what ``migrate`` and ``create_schema`` apply) and a test proves the two agree.
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
-    inspect,
+    text,
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.schema import CreateIndex
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement, UnaryExpression
@@ -50,7 +48,6 @@ __all__ = [
     "TRACE_CONTEXT",
     "Tables",
     "UTCDateTime",
-    "create_schema",
     "metadata",
     "quote_table",
     "scheduled_tasks",
@@ -67,12 +64,17 @@ TASK_NAME_INDEX = "ekbatan_task_name_priority_idx"
 """Our index on ``scheduled_tasks`` (migration V0004)."""
 TRACE_CONTEXT = "ekbatan_trace_context"
 """The trace context a one-time task was scheduled in (migration V0005, OpenTelemetry)."""
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
+CANCEL_REQUESTS = "ekbatan_cancel_requests"
+"""Requests to stop a running execution (migration V0006, ``client.cancel_running``)."""
+MISSED_STREAKS = "ekbatan_missed_streaks"
+"""Consecutive missed slots per recurring task instance (migration V0007)."""
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?")
 
 
 def validate_table_name(name: str) -> str:
-    """Accept ``table`` or ``schema.table`` made of letters, digits and underscores."""
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+    """Accept ``table`` or ``schema.table`` made of letters, digits and underscores (the
+    whole name: ``fullmatch``, as ``$`` would also match before a final newline)."""
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         raise ConfigurationError(
             f"table_name {name!r} is not a plain SQL identifier: use letters, digits and "
             "underscores (optionally 'schema.table'), e.g. 'scheduled_tasks'"
@@ -144,7 +146,7 @@ def scheduled_tasks_table(name: str = DEFAULT_TABLE_NAME, meta: MetaData | None 
         Column("priority", SmallInteger()),
         schema=schema or None,
     )
-    prefix = "" if table_name == DEFAULT_TABLE_NAME else f"{table_name}_"
+    prefix = _index_prefix(table_name)
     Index(f"{prefix}execution_time_idx", table.c.execution_time)
     Index(f"{prefix}last_heartbeat_idx", table.c.last_heartbeat)
     Index(
@@ -154,6 +156,12 @@ def scheduled_tasks_table(name: str = DEFAULT_TABLE_NAME, meta: MetaData | None 
     )
     _task_name_index(table, f"{prefix}{TASK_NAME_INDEX}")
     return table
+
+
+def _index_prefix(table_name: str) -> str:
+    """What the names of db-scheduler's indexes start with on a table named ``table_name``
+    (without its schema): nothing under db-scheduler's name, else the table's name and ``_``."""
+    return "" if table_name == DEFAULT_TABLE_NAME else f"{table_name}_"
 
 
 class _PriorityKey(UnaryExpression[Any]):
@@ -256,9 +264,9 @@ class Tables:
             Column("written_by", _text(50), nullable=False),
             Column("written_at", timestamp(), nullable=False),
             Column("catch_up", _text(100)),
-            Column("missed_slots", BigInteger(), nullable=False, server_default="0"),
-            Column("caught_up_slots", BigInteger(), nullable=False, server_default="0"),
-            Column("skipped_slots", BigInteger(), nullable=False, server_default="0"),
+            Column("missed_slots", BigInteger(), nullable=False, server_default=text("0")),
+            Column("caught_up_slots", BigInteger(), nullable=False, server_default=text("0")),
+            Column("skipped_slots", BigInteger(), nullable=False, server_default=text("0")),
             Index("ekbatan_jobs_written_at_idx", "written_at"),
             schema=schema,
         )
@@ -272,6 +280,43 @@ class Tables:
             Column("created_at", timestamp(), nullable=False),
             schema=schema,
         )
+        self.cancels = Table(
+            CANCEL_REQUESTS,
+            self.meta,
+            Column("task_name", _key(), primary_key=True),
+            Column("task_instance", _key(), primary_key=True),
+            Column("version", BigInteger(), nullable=False),
+            Column("requested_by", _text(200)),
+            Column("requested_at", timestamp(), nullable=False),
+            Column("reason", _text(1000)),
+            schema=schema,
+        )
+        self.streaks = Table(
+            MISSED_STREAKS,
+            self.meta,
+            Column("task_name", _key(), primary_key=True),
+            Column("task_instance", _key(), primary_key=True),
+            Column("missed", BigInteger(), nullable=False),
+            Column("next_time", timestamp(), nullable=False),
+            Column("updated_at", timestamp(), nullable=False),
+            schema=schema,
+        )
+
+    def migration_names(self) -> dict[str, str]:
+        """The name of each table and index in the migration files -> its name here (without
+        the schema). Only db-scheduler's table and its indexes are renamed
+        (``scheduled_tasks``, ``execution_time_idx``, ...); ours keep their names."""
+        prefix = _index_prefix(self.tasks.name)
+        names = {DEFAULT_TABLE_NAME: self.tasks.name}
+        names |= {str(i.name).removeprefix(prefix): str(i.name) for i in self.tasks.indexes}
+        for table in self.ours:
+            names[table.name] = table.name
+            names |= {str(i.name): str(i.name) for i in table.indexes}
+        return names
+
+    def by_migration_name(self) -> dict[str, Table]:
+        """Each table under the name the migration files give it."""
+        return {DEFAULT_TABLE_NAME: self.tasks} | {t.name: t for t in self.ours}
 
     @property
     def operations(self) -> tuple[Table, Table, Table]:
@@ -280,8 +325,8 @@ class Tables:
 
     @property
     def ours(self) -> tuple[Table, ...]:
-        """Every table of ours (V0002, V0003, V0005)."""
-        return (*self.operations, self.jobs, self.traces)
+        """Every table of ours (V0002, V0003, V0005, V0006, V0007)."""
+        return (*self.operations, self.jobs, self.traces, self.cancels, self.streaks)
 
     def migration_of(self, table_name: str) -> str:
         """The shipped migration that creates ``table_name`` (for error messages)."""
@@ -291,6 +336,10 @@ class Tables:
             return "V0003__ekbatan_jobs"
         if table_name == TRACE_CONTEXT:
             return "V0005__ekbatan_trace_context"
+        if table_name == CANCEL_REQUESTS:
+            return "V0006__ekbatan_cancel_requests"
+        if table_name == MISSED_STREAKS:
+            return "V0007__ekbatan_missed_streaks"
         return "V0001__create_scheduled_tasks"
 
 
@@ -299,42 +348,3 @@ metadata = MetaData()
 it."""
 
 scheduled_tasks = Tables(DEFAULT_TABLE_NAME, metadata).tasks
-
-
-async def create_schema(
-    engine: AsyncEngine, table_name: str = DEFAULT_TABLE_NAME, *, operations: bool = True
-) -> bool:
-    """Create db-scheduler's table and (unless ``operations=False``) our own tables
-    (execution history, paused tasks, scheduler instances, job definitions, trace contexts),
-    each only if it is missing. True if anything was created.
-
-    Equivalent to applying ``migrations/<dialect>/V0001__create_scheduled_tasks.sql``,
-    ``V0002__ekbatan_operations.sql``, ``V0003__ekbatan_jobs.sql``,
-    ``V0004__ekbatan_task_name_index.sql`` and ``V0005__ekbatan_trace_context.sql``: on a
-    ``scheduled_tasks`` made before V0004, our index is added.
-    """
-    tables = Tables(table_name)
-    wanted = [tables.tasks, *(tables.ours if operations else ())]
-
-    def create(sync_conn: Any) -> bool:
-        inspector = inspect(sync_conn)
-        missing = [t for t in wanted if not inspector.has_table(t.name, t.schema)]
-        tables.meta.create_all(sync_conn, tables=missing)
-        created = bool(missing)
-        if tables.tasks not in missing:  # a table of before V0004: add our index
-            have = {
-                i["name"] for i in inspector.get_indexes(tables.tasks.name, tables.tasks.schema)
-            }
-            for index in tables.tasks.indexes:
-                wanted_here = index._ddl_if  # the dialect it is for
-                if index.name in have or (
-                    wanted_here is not None
-                    and not wanted_here._should_execute(CreateIndex(index), index, sync_conn)
-                ):
-                    continue
-                index.create(sync_conn)
-                created = True
-        return created
-
-    async with engine.begin() as conn:
-        return bool(await conn.run_sync(create))

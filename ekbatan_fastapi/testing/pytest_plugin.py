@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from ..store.embedded import start_embedded_postgres
-from ..store.tables import create_schema
+from ..store.migrate import create_schema
 
 __all__ = ["SERVER_VARIABLE", "ekbatan_database_url", "ekbatan_postgres_server_url"]
 

@@ -18,10 +18,15 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..domain.backfill import backfill_instance
-from ..domain.codec import encode_data
-from ..domain.context import ExecutionContext, HeartbeatState, TransactionOpener
+from ..domain.codec import encode_task_data
+from ..domain.context import (
+    ExecutionContext,
+    HeartbeatState,
+    TransactionOpener,
+    execution_context,
+)
 from ..domain.errors import ConfigurationError
-from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob
+from ..domain.job import RECURRING_INSTANCE, DistributedJob, Job, OneTimeJob, data_model_of
 from ..domain.rows import NewTask
 from ..engine.config import SchedulerConfig
 from ..engine.execution import Execution
@@ -88,6 +93,9 @@ async def run_job(
     raises propagates unchanged.
 
     * ``data``: the task data (``ctx.data``), JSON-encoded and decoded as the scheduler does;
+      for a typed job (``OneTimeJob[Invoice]``) a dict of the model's fields or the model,
+      validated as ``client.schedule`` validates it (``TaskDataInvalid`` names the fields
+      that do not fit), and ``ctx.data`` is the model instance, as in production;
     * ``execution_time``: the slot (``ctx.execution_time``; default: now, UTC);
     * ``instance``: ``ctx.task_instance`` (default: ``recurring`` for a recurring job, its
       backfill instance with ``is_backfill``, ``test`` for a one-time job);
@@ -111,11 +119,14 @@ async def run_job(
         )
     name = job.name()
     task_instance = _instance(job, instance, slot, is_backfill)
-    task_data = encode_data(data, where=f"{name}/{task_instance}")
+    # Through the typed job's model as client.schedule does (a dict or the model; what does
+    # not fit raises TaskDataInvalid here), then decoded into it by ctx.data as in production.
+    model = data_model_of(job)
+    task_data = encode_task_data(model, data, where=f"{name}/{task_instance}")
     if heartbeat is None:
         defaults = SchedulerConfig()
         heartbeat = HeartbeatState(defaults.heartbeat_interval, defaults.dead_after)
-    ctx = ExecutionContext(
+    ctx = execution_context(
         task_name=name,
         task_instance=task_instance,
         execution_time=slot,
@@ -128,6 +139,7 @@ async def run_job(
         timed_out=_flag(timed_out),
         transactions=_no_database(f"{name}/{task_instance}"),
         is_backfill=is_backfill,
+        data_model=model,
     )
     if database is None:
         await _execute(job, ctx)
@@ -174,7 +186,7 @@ async def _run_claimed(registry: JobRegistry, job: Job, ctx: ExecutionContext) -
     now = await store.tasks.db_now()
     scheduler.link.observed(now)
     execution = Execution(
-        row, job, ctx.heartbeat_state, now, schedule=scheduler.schedules.get(ctx.task_name)
+        row, job, ctx.heartbeat_state, now, schedule=scheduler.definitions.schedule(ctx.task_name)
     )
     execution.slot = ctx.execution_time
     execution.backfill = ctx.is_backfill
@@ -186,6 +198,7 @@ async def _run_claimed(registry: JobRegistry, job: Job, ctx: ExecutionContext) -
         history=scheduler.recorder,
         config=registry.config,
         link=scheduler.link,
+        observer=scheduler.observer,
     )
     error: Exception | None = None
     try:

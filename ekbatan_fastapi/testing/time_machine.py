@@ -4,15 +4,18 @@ moves only when told (db-scheduler's ``ManualScheduler``).
 It builds a ``JobRegistry`` as an application does, with a ``ManualClock`` injected into the
 scheduler and the database's ``now()`` set to the same time (``dbclock``), so that every "is
 it due" decision (the poll's SQL, catch-up, retries, the next slot) sees the machine's time.
-No loop runs on its own: ``run_due()`` claims what is due through the poller's own statement,
-runs it through the executor, records it through the completer, and repeats until nothing is
-due; ``advance()`` moves the time of both clocks.
+The machine starts the scheduler in its manual mode (``Scheduler.start_manual``): the same
+start-up and the same list of services (engine/lifecycle.py) as a started scheduler, the ones
+that only react to work handed to them (completer, history writer) running, the others
+stepped by hand. ``run_due()`` steps them (the housekeeper revives dead executions, the poller
+claims what is due and the executor runs it), waits until the completer recorded it, and
+repeats until nothing is due; ``advance()`` moves the time of both clocks; closing stops the
+scheduler as a shutdown does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,13 +29,11 @@ from ..client import SchedulerClient
 from ..domain.clock import ManualClock
 from ..domain.errors import ConfigurationError
 from ..domain.job import Job
-from ..domain.records import Outcome
-from ..domain.rows import TaskKey
+from ..domain.rows import Outcome, PollResult, TaskKey
 from ..engine.execution import Execution
 from ..engine.observer import ExecutionFinished, SchedulerObserver
-from ..engine.poller import CLAIM_CHUNK
 from ..registry import JobRegistry, SchedulerBuilder, job_registry
-from ..store.tables import create_schema
+from ..store.migrate import create_schema
 from .dbclock import DatabaseClock, database_clock
 
 __all__ = ["Ran", "TimeMachine"]
@@ -115,7 +116,6 @@ class TimeMachine:
             self.registry.store.dialect.name, self.registry.engine
         )
         self._db_clock.attach()
-        self._loops: list[asyncio.Task[None]] = []
         self._open = False
 
     # -- what a test reads -------------------------------------------------------------------
@@ -150,8 +150,9 @@ class TimeMachine:
         await self.close()
 
     async def open(self) -> None:
-        """Create the tables and the clock, then what a scheduler's startup does (the
-        recurring rows, at the machine's time); errors propagate."""
+        """Create the tables and the clock, then start the scheduler in its manual mode: its
+        start-up (the recurring rows, at the machine's time; errors propagate) and the
+        services that run by themselves."""
         if self._open:
             return
         self._open = True
@@ -159,38 +160,19 @@ class TimeMachine:
             if self._create_tables:
                 await create_schema(self.engine, self.registry.store.tables.table_name)
             await self._db_clock.install(self.now)
-            scheduler = self.registry.scheduler
-            scheduler.state.started_at = self.now
-            await scheduler.startup.create_recurring_rows()
-            if await scheduler.recorder.check():
-                await scheduler.recorder.report_instance(self.now)
-            scheduler.state.ready.set()
-            self._loops = [
-                asyncio.create_task(scheduler.completer.run(), name="ekbatan:tm-completer"),
-                asyncio.create_task(scheduler.recorder.run(), name="ekbatan:tm-history"),
-            ]
+            await self.registry.scheduler.start_manual()
         except BaseException:
             await self.close()
             raise
 
     async def close(self) -> None:
-        """Write what is pending, remove the clock, close the pool."""
+        """Stop the scheduler as a shutdown does (what is pending is written), remove the
+        clock, close the pool."""
         if not self._open:
             return
         self._open = False
-        scheduler = self.registry.scheduler
-        scheduler.state.stopping = True
         try:
-            scheduler.completer.close()
-            scheduler.recorder.close()
-            if self._loops:
-                await asyncio.wait(self._loops, timeout=self._timeout)
-            for task in self._loops:
-                task.cancel()
-            await scheduler.poller.lease.release()
-            with contextlib.suppress(Exception):
-                await scheduler.recorder.leave()
-            scheduler.executor.close()
+            await self.registry.scheduler.stop()
             await self._db_clock.remove()
         finally:
             await self.registry.connection.dispose()
@@ -226,19 +208,22 @@ class TimeMachine:
         due (a slot ``CatchUp.all`` still owes, a retry due at once): the executions that
         ran, oldest slot first. A job's exception does not propagate: see ``Ran.error``.
 
-        First, as the housekeeper would have by now, executions whose heartbeats stopped
-        longer than the dead window ago (a crashed instance's) are revived, and run below."""
+        Each round steps the scheduler's stepped services in their order: first, as the
+        housekeeper would have by now, executions whose heartbeats stopped longer than the
+        dead window ago (a crashed instance's) are revived; then the poller claims what is
+        due and the executor runs it."""
         if not self._open:
             raise ConfigurationError("run_due() needs an open TimeMachine: `async with` it")
         scheduler = self.registry.scheduler
-        await scheduler.housekeeper.revive_dead()
         ran: list[Ran] = []
         for _ in range(self._max_rounds):
-            limit = min(scheduler.executions.claim_limit(), CLAIM_CHUNK)
-            try:
-                result = await scheduler.poller.poll_once(limit)
-            finally:
-                await scheduler.poller.lease.release()  # as the idle poller does
+            stepped = await scheduler.lifecycle.step()
+            result = stepped["poller"]
+            if not isinstance(result, PollResult):
+                raise TypeError(
+                    f"run_due(): the scheduler's poller step returned {result!r}, not a "
+                    "PollResult (a service replaced by a test?); step the real poller"
+                )
             launched = [
                 scheduler.executions.by_key[row.key]
                 for row in result.claimed
@@ -261,12 +246,11 @@ class TimeMachine:
         running = self.registry.scheduler.executions
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
+        lifecycle = self.registry.scheduler.lifecycle
         while left := [e for e in launched if running.by_key.get(e.row.key) is e]:
-            for task in self._loops:
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    raise RuntimeError(f"run_due(): {task.get_name()} crashed") from (
-                        task.exception()
-                    )
+            if (crashed := lifecycle.crashed()) is not None:
+                name, error = crashed
+                raise RuntimeError(f"run_due(): the {name} crashed") from error
             if loop.time() > deadline:
                 raise TimeoutError(
                     f"run_due(): still running or unrecorded after {self._timeout:g}s: "
@@ -275,11 +259,14 @@ class TimeMachine:
             await asyncio.sleep(_SETTLE_POLL)
 
     async def _history_written(self) -> None:
+        """Wait until the history and the slot counts (missed streaks included) are written."""
         recorder = self.registry.scheduler.recorder
+        counter = self.registry.scheduler.completer.counter
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         while True:
-            if not recorder.pending or loop.time() > deadline:
+            waiting = counter is not None and counter.waiting
+            if not (recorder.pending or waiting) or loop.time() > deadline:
                 return
             await asyncio.sleep(_SETTLE_POLL)
 

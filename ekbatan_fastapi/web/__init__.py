@@ -7,22 +7,7 @@ and the ``/jobs`` routes. This is the only part of ekbatan-fastapi that imports 
 
 from __future__ import annotations
 
-from ..domain.tasks import derive_state
-from ..settings import DataSourceConfig, EkbatanSettings, JobsSettings
-from .dependencies import get_ekbatan, get_ekbatan_settings, get_scheduler_client
-from .discovery import discover_job_classes, import_job_modules
-from .lifespan import (
-    AppLifespan,
-    EkbatanLifespan,
-    build_registry,
-    create_ekbatan_lifespan,
-    ekbatan_lifespan,
-)
-from .metrics_routes import create_metrics_router, metrics_router
-from .resolver import DependencyResolver
-from .routes import create_jobs_router, jobs_router
-from .state import STATE_KEY, EkbatanState
-from .views import (
+from ..client.views import (
     ExecutionView,
     HistoryPage,
     HistoryRecord,
@@ -36,6 +21,22 @@ from .views import (
     TaskState,
     TaskView,
 )
+from ..domain.tasks import derive_state
+from ..settings import DataSourceConfig, EkbatanSettings, JobsSettings
+from .dependencies import get_ekbatan, get_ekbatan_settings, get_scheduler_client
+from .discovery import discover_job_classes, import_job_modules
+from .errors import database_unavailable_handler, install_exception_handlers
+from .lifespan import (
+    AppLifespan,
+    EkbatanLifespan,
+    build_registry,
+    create_ekbatan_lifespan,
+    ekbatan_lifespan,
+)
+from .metrics_routes import create_metrics_router, metrics_router
+from .resolver import DependencyResolver
+from .routes import create_jobs_router, jobs_router
+from .state import STATE_KEY, EkbatanState
 
 __all__ = [
     "STATE_KEY",
@@ -62,6 +63,7 @@ __all__ = [
     "create_ekbatan_lifespan",
     "create_jobs_router",
     "create_metrics_router",
+    "database_unavailable_handler",
     "derive_state",
     "discover_job_classes",
     "ekbatan_lifespan",
@@ -69,6 +71,7 @@ __all__ = [
     "get_ekbatan_settings",
     "get_scheduler_client",
     "import_job_modules",
+    "install_exception_handlers",
     "jobs_router",
     "metrics_router",
 ]

@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from html import escape
+from urllib.parse import quote
 
-from .assets import SCRIPT, STYLE
-from .views import (
+from ..client.views import (
     HistoryRecord,
     InstanceView,
     JobsReport,
@@ -21,8 +21,9 @@ from .views import (
     SchedulerView,
     TaskView,
 )
+from .assets import SCRIPT, STYLE
 
-__all__ = ["DashboardView", "relative_time", "render_dashboard"]
+__all__ = ["DashboardView", "page_head", "relative_time", "render_dashboard"]
 
 _COLUMNS = (
     "Task",
@@ -33,6 +34,7 @@ _COLUMNS = (
     "Last success",
     "Last failure",
     "Failures",
+    "Missed",
 )
 
 
@@ -107,6 +109,8 @@ def _paused_note(pause: PauseView, now: datetime | None, *, say_paused: bool = F
 def _actions(view: DashboardView, task: TaskView | None, pause: PauseView | None) -> str:
     buttons: list[tuple[str, str, str]] = []
     recurring = task is None or task.instance == "recurring"
+    if task is not None and task.picked:
+        buttons.append(("cancel", "Stop", "act danger"))
     if pause is None:
         if task is not None and not task.picked:
             buttons.append(("run", "Run now", "act"))
@@ -130,28 +134,41 @@ def _history_row(width: int) -> str:
     )
 
 
-def _task_row(view: DashboardView, task: TaskView, now: datetime | None) -> str:
+def _name_cell(task: TaskView) -> str:
+    """The task's name (the history toggle) and what kind of task it is."""
     sub = [] if task.instance == "recurring" else [f"instance {task.instance}"]
     if task.kind == "unknown":
         sub.append("no job of this name here")
     elif task.kind == "one-time":
         sub.append("one-time")
-    name = (
+    return (
         f'<button type="button" class="history-toggle" aria-expanded="false" '
         f'title="Show the history">{_e(task.name)}</button>'
         + "".join(f'<span class="sub">{_e(s)}</span>' for s in sub)
     )
+
+
+def _state_cell(task: TaskView, now: datetime | None) -> str:
+    """The derived state, who runs it, and its pause."""
     state = _badge(task.state, f"st-{task.state}")
     if task.picked and task.picked_by:
         state += f'<span class="sub">on {_e(task.picked_by)}</span>'
     if task.paused is not None:
         state += _paused_note(task.paused, now, say_paused=task.state != "paused")
-    if task.heartbeat_age_seconds is not None:
-        heartbeat = f"{task.heartbeat_age_seconds:.1f} s ago"
-        if task.fraction_dead is not None:
-            heartbeat += f'<span class="sub">{task.fraction_dead:.0%} of the dead window</span>'
-    else:
-        heartbeat = '<span class="meta">-</span>'
+    return state
+
+
+def _heartbeat_cell(task: TaskView) -> str:
+    if task.heartbeat_age_seconds is None:
+        return '<span class="meta">-</span>'
+    heartbeat = f"{task.heartbeat_age_seconds:.1f} s ago"
+    if task.fraction_dead is not None:
+        heartbeat += f'<span class="sub">{task.fraction_dead:.0%} of the dead window</span>'
+    return heartbeat
+
+
+def _failure_cells(view: DashboardView, task: TaskView, now: datetime | None) -> list[str]:
+    """The last failure (with its error, when known) and the consecutive failures."""
     failure = _time(task.last_failure, now)
     error = view.last_errors.get((task.name, task.instance))
     if error is not None and task.last_failure is not None:
@@ -164,16 +181,29 @@ def _task_row(view: DashboardView, task: TaskView, now: datetime | None) -> str:
         if task.consecutive_failures
         else "0"
     )
-    parked = task.state == "parked"  # its time is a marker (PARKED_TIME), not a run
-    cells = [
-        _td("Task", name, "name"),
-        _td("State", state),
-        _td("Schedule", _e(task.schedule) if task.schedule else '<span class="meta">-</span>'),
-        _td("Next run", _time(None if parked else task.execution_time, now, never="parked")),
-        _td("Heartbeat", heartbeat, "" if task.picked else "empty"),
-        _td("Last success", _time(task.last_success, now)),
+    missed = (
+        f'<span class="num-bad" title="slots in a row that passed without a run; the history '
+        f'names each">{task.consecutive_missed_slots}</span>'
+        if task.consecutive_missed_slots
+        else "0"
+    )
+    return [
         _td("Last failure", failure, "error-cell" if error is not None else ""),
         _td("Failures", failures),
+        _td("Missed", missed),
+    ]
+
+
+def _task_row(view: DashboardView, task: TaskView, now: datetime | None) -> str:
+    parked = task.state == "parked"  # its time is a marker (PARKED_TIME), not a run
+    cells = [
+        _td("Task", _name_cell(task), "name"),
+        _td("State", _state_cell(task, now)),
+        _td("Schedule", _e(task.schedule) if task.schedule else '<span class="meta">-</span>'),
+        _td("Next run", _time(None if parked else task.execution_time, now, never="parked")),
+        _td("Heartbeat", _heartbeat_cell(task), "" if task.picked else "empty"),
+        _td("Last success", _time(task.last_success, now)),
+        *_failure_cells(view, task, now),
     ]
     if view.admin:
         cells.append(_td("Actions", _actions(view, task, task.paused)))
@@ -279,9 +309,10 @@ def _job_row(job: JobView) -> str:
         + "".join(
             [
                 _td("Job", _e(job.name) + here, "name"),
-                _td("Kind", _e(job.kind)),
+                _td("Kind", _e(job.kind) + _schedules_link(job)),
                 _td("Schedule", schedule),
                 _td("Catch-up", _e(job.catch_up or "-")),
+                _td("Overlap", _e(job.overlap or "-")),
                 _td("Slots missed / caught up / skipped", _e(_slots(job))),
                 _td("Timeout", _e(job.timeout or "-")),
                 _td("Running / limit", _e(running)),
@@ -290,6 +321,19 @@ def _job_row(job: JobView) -> str:
         )
         + "</tr>"
     )
+
+
+def _schedules_link(job: JobView) -> str:
+    """A ``PersistentScheduleJob``'s schedules: how many, and a link to their page (a name
+    that a URL path cannot hold, ``/`` or a dot segment, gets the count only)."""
+    if job.schedules is None:
+        return ""
+    count = sum(job.schedules.values())
+    text = f"{count} schedule{'' if count == 1 else 's'}"
+    if "/" in job.name or job.name in (".", ".."):
+        return f'<span class="sub">{_e(text)}</span>'
+    href = "ui/schedules/" + quote(job.name, safe="")
+    return f'<span class="sub"><a class="schedules-link" href="{_e(href)}">{_e(text)}</a></span>'
 
 
 def _slots(job: JobView) -> str:
@@ -307,6 +351,7 @@ def _jobs_section(report: JobsReport) -> str:
         "Kind",
         "Schedule",
         "Catch-up",
+        "Overlap",
         "Slots missed / caught up / skipped",
         "Timeout",
         "Running / limit",
@@ -358,6 +403,21 @@ def _banner(lines: list[str], css: str, title: str) -> str:
     )
 
 
+def page_head(title: str, nonce: str, extra: str = "") -> str:
+    """A dashboard page's start, up to its ``<body>``: ``title`` (text), its style under the
+    Content-Security-Policy ``nonce``, and ``extra`` (HTML) in its head."""
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
+<link rel="icon" href="data:,">
+<title>{_e(title)}</title>
+<style nonce="{_e(nonce)}">{STYLE}</style>
+{extra}</head>"""
+
+
 def _summary(report: JobsReport) -> str:
     counts: dict[str, int] = {}
     for task in report.tasks:
@@ -381,17 +441,7 @@ def render_dashboard(view: DashboardView, *, nonce: str) -> str:
     )
     scheduler = report.scheduler
     admin = "1" if view.admin else "0"
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="referrer" content="no-referrer">
-<link rel="icon" href="data:,">
-<title>Jobs - {_e(scheduler.name)}</title>
-<style nonce="{_e(nonce)}">{STYLE}</style>
-{noscript}
-</head>
+    return f"""{page_head(f"Jobs - {scheduler.name}", nonce, noscript)}
 <body data-refresh="{view.refresh:g}" data-admin="{admin}">
 <header>
 <h1>Jobs</h1> {health}

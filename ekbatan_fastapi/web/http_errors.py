@@ -16,16 +16,17 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError
 
+from ..client.read_model import describe_failure
 from ..domain.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    RunNotClaimedError,
     SchemaMissingError,
     TaskNotFoundError,
     TaskPausedError,
     TaskPickedError,
     UnknownJobError,
 )
-from .report import describe_failure
 
 __all__ = ["ErrorMessage", "error_response", "translated_errors", "unprocessable"]
 
@@ -51,7 +52,8 @@ def unprocessable(message: str, loc: Sequence[str]) -> RequestValidationError:
 async def translated_errors(timeout: float, *, loc: Sequence[str] = ()) -> AsyncIterator[None]:
     """Bound the body by ``timeout`` and turn the library's errors into HTTP answers:
     404 unknown task, 409 running or paused, 422 bad input (``loc`` names the parameter the
-    library refused), 503 database or schema missing (the message names the fix)."""
+    library refused), 503 database or schema missing, or a forced run no instance claimed
+    (the message names the fix)."""
     try:
         async with asyncio.timeout(timeout):
             yield
@@ -65,6 +67,8 @@ async def translated_errors(timeout: float, *, loc: Sequence[str] = ()) -> Async
         raise HTTPException(503, detail=str(error)) from None
     except DatabaseUnavailable as error:  # a DatabaseTimeout too: both name the host
         raise HTTPException(503, detail=describe_failure(error)) from None
+    except RunNotClaimedError as error:  # a TimeoutError, but no instance, not the database
+        raise HTTPException(503, detail=str(error)) from None
     except TimeoutError:
         raise HTTPException(503, detail="database unreachable: no answer in time") from None
     except (DBAPIError, OSError) as error:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from datetime import timedelta
 from typing import Any
 
+from sqlalchemy.engine import URL
 from starlette.applications import Starlette
 
-from ..domain.errors import ConfigurationError
+from ..domain.errors import ConfigurationError, ScheduleError
 from ..domain.job import Job
 from ..domain.logs import library_logger
 from ..engine.logs import show_library_logs
@@ -25,6 +25,8 @@ from ..settings.keys import canonical_key
 from ..store.connection import DEFAULT_POOL_SIZE, ConnectionProvider
 from .dependencies import get_ekbatan_settings
 from .discovery import discover_job_classes, import_job_modules
+from .errors import shorten_startup_failure
+from .reads import open_web_reads
 from .resolver import DependencyResolver
 from .state import STATE_KEY, EkbatanState
 
@@ -55,6 +57,7 @@ def build_registry(
     last and may override any setting (``b.missed_heartbeats_limit(8)``, ``b.dialect(...)``).
     """
     knobs = settings.jobs
+    config = knobs.config
     pool_size = DEFAULT_POOL_SIZE
     source: ConnectionSource
     if connection is not None:
@@ -64,63 +67,58 @@ def build_registry(
         source, pool_size = datasource.sqlalchemy_url(), datasource.maximum_pool_size
 
     jobs = list(jobs)
-    by_key: dict[str, str] = {}
-    for job in jobs:
-        key = canonical_key(job.name())
-        if key in by_key and knobs.overrides:
-            raise ConfigurationError(
-                f"jobs {by_key[key]!r} and {job.name()!r} are the same key in settings "
-                "(overrides spell job names like settings keys): rename one"
-            )
-        by_key[key] = job.name()
-    if knobs.opentelemetry_statements and not knobs.opentelemetry:
+    names = _override_names(knobs.overrides, jobs)
+    if config.opentelemetry_statements and not config.opentelemetry:
         raise ConfigurationError(
             "ekbatan.jobs.opentelemetry-statements is true but ekbatan.jobs.opentelemetry is "
             "not: statement spans are part of the tracing; set opentelemetry: true as well"
         )
-    unknown = sorted(set(knobs.overrides) - set(by_key))
-    if unknown:
-        raise ConfigurationError(
-            f"ekbatan.jobs.overrides names {', '.join(map(repr, unknown))}, which no "
-            f"registered job is called; registered jobs: {', '.join(sorted(by_key.values()))}"
-        )
 
     def apply_settings(b: SchedulerBuilder) -> None:
-        b.missed_heartbeats_limit(knobs.missed_heartbeats_limit)
-        b.delete_unresolved_after(knobs.delete_unresolved_after)
-        b.app_version(knobs.app_version)
-        if knobs.timeout_grace is not None:
-            b.timeout_grace(knobs.timeout_grace)
-        b.claim_ahead(knobs.claim_ahead)
+        b.set(**knobs.values())  # every setting by its name
         for key, override in knobs.overrides.items():
             b.job_override(
-                by_key[key], timeout=override.timeout, max_concurrency=override.max_concurrency
+                names[key], timeout=override.timeout, max_concurrency=override.max_concurrency
             )
-        b.pooler(knobs.pooler)
-        bound = knobs.idle_transaction_timeout
-        b.idle_transaction_timeout(bound if bound > timedelta(0) else None)
-        b.shutdown_results_wait(knobs.shutdown_results_wait)
-        if knobs.metrics:
+        if config.metrics:
             from ..metrics import EkbatanMetrics
 
             b.observer(EkbatanMetrics())
-        if knobs.opentelemetry:
+        if config.opentelemetry:
             from ..otel import EkbatanTracing
 
-            b.observer(EkbatanTracing(statements=knobs.opentelemetry_statements))
+            b.observer(EkbatanTracing(statements=config.opentelemetry_statements))
 
     builder = (
         job_registry()
         .connection_provider(source, pool_size=pool_size)
         .with_jobs(jobs)
-        .poll_interval(knobs.polling_interval)
-        .heartbeat_interval(knobs.heartbeat_interval)
-        .shutdown_max_wait(knobs.shutdown_max_wait)
         .customize_scheduler(apply_settings)
     )
     if customize is not None:
         builder.customize_scheduler(customize)
     return builder.build()
+
+
+def _override_names(overrides: Mapping[str, object], jobs: list[Job]) -> dict[str, str]:
+    """Each job's name by its settings key (``overrides`` spell job names like keys); two
+    jobs with one key, or an override naming no job, are errors."""
+    by_key: dict[str, str] = {}
+    for job in jobs:
+        key = canonical_key(job.name())
+        if key in by_key and overrides:
+            raise ConfigurationError(
+                f"jobs {by_key[key]!r} and {job.name()!r} are the same key in settings "
+                "(overrides spell job names like settings keys): rename one"
+            )
+        by_key[key] = job.name()
+    unknown = sorted(set(overrides) - set(by_key))
+    if unknown:
+        raise ConfigurationError(
+            f"ekbatan.jobs.overrides names {', '.join(map(repr, unknown))}, which no registered "
+            f"job is called; registered jobs: {', '.join(sorted(by_key.values())) or 'none'}"
+        )
+    return by_key
 
 
 class EkbatanLifespan:
@@ -162,19 +160,26 @@ class EkbatanLifespan:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[Mapping[str, Any]]:
-        if self._app_lifespan is None:
-            async with self._run(app) as state:
-                yield {STATE_KEY: state}
-            return
-        # The application's own resources open first and close last: jobs may use them.
-        async with self._app_lifespan(app) as app_state, self._run(app) as state:
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                app_state: Mapping[str, Any] | None = None
+                if self._app_lifespan is not None:
+                    # The application's own resources open first and close last: jobs may
+                    # use them.
+                    app_state = await stack.enter_async_context(self._app_lifespan(app))
+                state = await stack.enter_async_context(self._run(app))
+            except (ConfigurationError, ScheduleError) as error:
+                # A bad setting or job definition: the server shows its message alone, on
+                # one line, not under Starlette's traceback (web/errors.py), and stops.
+                shorten_startup_failure(error)
+                raise
             yield {**(app_state or {}), STATE_KEY: state}
 
     @contextlib.asynccontextmanager
     async def _run(self, app: Starlette) -> AsyncIterator[EkbatanState]:
         settings = self._settings if self._settings is not None else EkbatanSettings()
         async with contextlib.AsyncExitStack() as stack:
-            undo_logs = show_library_logs(settings.jobs.log_handler)
+            undo_logs = show_library_logs(settings.jobs.config.log_handler)
             if undo_logs is not None:
                 stack.callback(undo_logs)
             if self._registry is not None:
@@ -200,16 +205,28 @@ class EkbatanLifespan:
                     "(EKBATAN_JOBS__MODULES=myapp.jobs), import them before the application "
                     "starts, or pass create_ekbatan_lifespan(jobs=[...]) or (modules=[...])"
                 )
+            # The unauthenticated reads' own pool (issue 27): closed after the registry stops.
+            reads = open_web_reads(registry, settings, self._read_url(settings))
+            stack.push_async_callback(reads.close)
             await registry.start()
             # Pushed after the providers' teardowns, so it runs before them (LIFO).
             stack.push_async_callback(registry.stop)
-            state = EkbatanState(settings, registry, dict(registry.jobs))
+            state = EkbatanState(settings, registry, dict(registry.jobs), reads)
             setattr(app.state, STATE_KEY, state)
             try:
                 yield state
             finally:
                 if getattr(app.state, STATE_KEY, None) is state:
                     delattr(app.state, STATE_KEY)
+
+    def _read_url(self, settings: EkbatanSettings) -> str | URL | None:
+        """The URL the scheduler's pool was built from, for the web reads' own pool; None
+        when the application handed over a registry, an engine or a provider."""
+        if self._registry is not None:
+            return None
+        if self._connection is None:
+            return settings.jobs_datasource().sqlalchemy_url()
+        return self._connection if isinstance(self._connection, str | URL) else None
 
     async def build_jobs(
         self,
@@ -230,7 +247,7 @@ class EkbatanLifespan:
         self, app: Starlette, settings: EkbatanSettings, stack: contextlib.AsyncExitStack
     ) -> list[Job]:
         """Instances as given; classes (given or discovered) built once with their providers."""
-        import_job_modules(settings.jobs.modules)
+        import_job_modules(settings.jobs.config.modules)
         import_job_modules(self._modules, setting="create_ekbatan_lifespan(modules=...)")
         given = [job for job in self._jobs if isinstance(job, Job)]
         classes: list[type[Job]] = [job for job in self._jobs if isinstance(job, type)]

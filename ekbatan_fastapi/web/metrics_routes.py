@@ -12,8 +12,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response, params
 
+from ..domain.logs import library_logger
+from ..domain.persistent import PersistentScheduleJob
 from ..metrics import EkbatanMetrics
 from .dependencies import get_ekbatan
+from .reads import reads_of
 from .state import EkbatanState
 
 __all__ = ["create_metrics_router", "find_metrics", "metrics_router"]
@@ -38,6 +41,8 @@ def create_metrics_router(
 
     @router.get(path, include_in_schema=False)
     async def metrics(request: Request, state: State) -> Response:
+        """The Prometheus metrics of this instance (text format, or OpenMetrics when the
+        scraper asks for it); 404 while metrics are off (``ekbatan.jobs.metrics``)."""
         found = find_metrics(state)
         if found is None:
             raise HTTPException(
@@ -47,11 +52,21 @@ def create_metrics_router(
                     "EKBATAN_JOBS__METRICS=true) and pip install 'ekbatan-fastapi[metrics]'"
                 ),
             )
+        if any(isinstance(j, PersistentScheduleJob) for j in state.jobs.values()):
+            try:  # one grouped read, shared by the scrapes within the read cache interval
+                counts = await reads_of(state).read(
+                    ("schedule-counts",), state.client.schedule_counts
+                )
+                found.schedules_counted(counts)
+            except Exception as error:  # the other metrics are still worth a scrape
+                log.debug("could not count the schedules for /metrics: %s", error)
         body, content_type = found.render(request.headers.get("accept"))
         return Response(content=body, media_type=content_type)
 
     return router
 
+
+log = library_logger(__name__)
 
 metrics_router = create_metrics_router()
 """``app.include_router(metrics_router)``: ``GET /metrics``."""

@@ -17,6 +17,8 @@ from .state import EkbatanState
 __all__ = [
     "ADMIN_CHECK_PATH",
     "DASHBOARD_PATH",
+    "DEFAULT_PAGE",
+    "MAX_PAGE",
     "PATH_NAME_PATTERN",
     "BeforeId",
     "HistoryLimit",
@@ -50,7 +52,17 @@ Name = Annotated[
     ),
 ]
 State = Annotated[EkbatanState, Depends(get_ekbatan)]
-Limit = Annotated[int, Query(ge=1, le=10_000, description="at most this many rows")]
+MAX_PAGE = 1000
+"""The most rows one ``/jobs`` page may ask for: an unauthenticated request is bounded."""
+DEFAULT_PAGE = 100
+Limit = Annotated[
+    int,
+    Query(
+        ge=1,
+        le=MAX_PAGE,
+        description=f"at most this many rows (1 to {MAX_PAGE}; the next page: offset=next_offset)",
+    ),
+]
 Offset = Annotated[
     int, Query(ge=0, le=2**31 - 1, description="skip this many rows (by execution_time)")
 ]

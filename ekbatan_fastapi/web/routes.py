@@ -14,22 +14,36 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Response, params
+from fastapi import APIRouter, Depends, Response, params
 
+from ..client.views import HistoryPage, JobsReport
 from .admin import add_admin_routes
 from .dashboard import add_dashboard_route
-from .http_errors import error_response, translated_errors
-from .report import build_report, history_record
-from .route_params import BeforeId, HistoryLimit, Limit, Name, Offset, State
-from .views import HistoryPage, JobsReport
+from .dashboard_schedules import add_schedules_page_route
+from .http_errors import ErrorMessage, error_response, translated_errors
+from .reads import reads_of
+from .route_params import DEFAULT_PAGE, BeforeId, HistoryLimit, Limit, Name, Offset, State
+from .schedule_routes import add_schedule_routes
+from .state import EkbatanState
 
 __all__ = ["create_jobs_router", "jobs_router"]
 
+_BUSY: dict[int | str, dict[str, Any]] = {
+    429: {
+        **error_response(
+            "The read budget is in use (ekbatan.jobs.web-read-pool-size reads at once): "
+            "retry after the Retry-After header's seconds"
+        ),
+        "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+    }
+}
 _UNHEALTHY: dict[int | str, dict[str, Any]] = {
     503: {
         "model": JobsReport,
-        "description": "The database is unreachable or a task is dead (same body as 200).",
-    }
+        "description": "The scheduler cannot reach the database, or a task is dead (same "
+        "body as 200).",
+    },
+    **_BUSY,
 }
 
 
@@ -82,6 +96,9 @@ def create_jobs_router(
     )
     if dashboard:
         add_dashboard_route(router, guard is not None, timeout, dashboard_refresh)
+        add_schedules_page_route(
+            router, guard is not None, timeout, include_task_data=include_task_data
+        )
     router.add_api_route(
         "/{name}",
         _get_job(options),
@@ -96,6 +113,7 @@ def create_jobs_router(
         methods=["GET"],
         response_model=HistoryPage,
         responses={
+            **_BUSY,
             404: error_response("No job, task or history of that name"),
             503: error_response(
                 "The database is unreachable, or the operations tables are missing (the "
@@ -106,28 +124,68 @@ def create_jobs_router(
     )
     if guard is not None:
         add_admin_routes(router, guard, timeout, cross_site=cross_site_admin)
+    add_schedule_routes(
+        router,
+        guard,
+        timeout,
+        cross_site=cross_site_admin,
+        include_task_data=include_task_data,
+    )
     return router
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A read's answer, rendered once and sent to every request it serves."""
+
+    status: int
+    body: bytes
+
+    def response(self) -> Response:
+        return Response(self.body, status_code=self.status, media_type="application/json")
+
+
+async def _report_answer(
+    state: EkbatanState, options: _Options, name: str | None, limit: int, offset: int
+) -> _Answer:
+    """``GET /jobs`` or ``/jobs/{name}`` through the read budget: one read per page per cache
+    interval, whatever the number of requests."""
+    reads = reads_of(state)
+
+    async def build() -> _Answer:
+        report = await state.read_model().report(
+            name,
+            limit=limit,
+            offset=offset,
+            include_task_data=options.include_task_data,
+            timeout=options.timeout,
+            registered=state.jobs,
+        )
+        if (
+            name is not None
+            and report.database_time is not None
+            and not report.tasks
+            and not report.paused
+            and name not in state.jobs
+        ):
+            body = ErrorMessage(detail=f"no job or task named {name!r}")
+            return _Answer(404, body.model_dump_json().encode())
+        return _Answer(200 if report.healthy else 503, report.model_dump_json().encode())
+
+    key = ("report", name, limit, offset, options.include_task_data, options.timeout)
+    return await reads.read(key, build)
 
 
 def _list_jobs(options: _Options) -> Callable[..., Any]:
     async def list_jobs(
         state: State,
-        response: Response,
-        limit: Limit = 1000,
+        limit: Limit = DEFAULT_PAGE,
         offset: Offset = 0,
-    ) -> JobsReport:
-        """200 when healthy; 503 (same body) when the database is unreachable or a task is
-        dead, so it can serve as a readiness probe."""
-        report = await build_report(
-            state,
-            limit=limit,
-            offset=offset,
-            include_task_data=options.include_task_data,
-            timeout=options.timeout,
-        )
-        if not report.healthy:
-            response.status_code = 503
-        return report
+    ) -> Response:
+        """200 when healthy; 503 (same body) when the scheduler cannot reach the database or a
+        task is dead, so it can serve as a readiness probe. 429 with ``Retry-After`` when the
+        read budget is in use (``ekbatan.jobs.web-read-pool-size``)."""
+        return (await _report_answer(state, options, None, limit, offset)).response()
 
     return list_jobs
 
@@ -136,30 +194,12 @@ def _get_job(options: _Options) -> Callable[..., Any]:
     async def get_job(
         name: Name,
         state: State,
-        response: Response,
-        limit: Limit = 1000,
+        limit: Limit = DEFAULT_PAGE,
         offset: Offset = 0,
-    ) -> JobsReport:
+    ) -> Response:
         """Like ``GET /jobs`` but for the rows of one task name; 404 when the name is neither
         a job of this instance nor in the table."""
-        report = await build_report(
-            state,
-            name=name,
-            limit=limit,
-            offset=offset,
-            include_task_data=options.include_task_data,
-            timeout=options.timeout,
-        )
-        if (
-            report.database_time is not None
-            and not report.tasks
-            and not report.paused
-            and name not in state.jobs
-        ):
-            raise HTTPException(404, detail=f"no job or task named {name!r}")
-        if not report.healthy:
-            response.status_code = 503
-        return report
+        return (await _report_answer(state, options, name, limit, offset)).response()
 
     return get_job
 
@@ -170,18 +210,22 @@ def _job_history(options: _Options) -> Callable[..., Any]:
         state: State,
         limit: HistoryLimit = 50,
         before_id: BeforeId = None,
-    ) -> HistoryPage:
+    ) -> Response:
         """One page of executions, newest first. ``next_before_id`` pages to older ones.
         Records are kept for the history retention (default 7 days)."""
-        async with translated_errors(options.timeout):
-            records = await state.client.history(name, limit=limit, before_id=before_id)
-            if not records and before_id is None and not await state.client.is_known(name):
-                raise HTTPException(404, detail=f"no job, task or history named {name!r}")
-        return HistoryPage(
-            name=name,
-            records=[history_record(r) for r in records],
-            next_before_id=records[-1].id if len(records) == limit else None,
-        )
+        reads = reads_of(state)
+
+        async def build() -> _Answer:
+            async with translated_errors(options.timeout):
+                model = state.read_model()
+                page = await model.history(name, limit=limit, before_id=before_id)
+                if not page.records and before_id is None and not await model.client.is_known(name):
+                    body = ErrorMessage(detail=f"no job, task or history named {name!r}")
+                    return _Answer(404, body.model_dump_json().encode())
+            return _Answer(200, page.model_dump_json().encode())
+
+        key = ("history", name, limit, before_id, options.timeout)
+        return (await reads.read(key, build)).response()
 
     return job_history
 

@@ -1,6 +1,6 @@
--- ekbatan-fastapi's own tables for MySQL 8+; scheduled_tasks (V0001) stays db-scheduler's,
--- verbatim. Timestamps are datetime(6) holding UTC, as in V0001. Text columns are bounded
--- varchars (indexable); the lengths match ekbatan_fastapi/operations/tables.py.
+-- ekbatan-fastapi's own tables for MySQL 8+ and MariaDB 10.6+; scheduled_tasks (V0001) stays
+-- db-scheduler's, verbatim. Timestamps are datetime(6) holding UTC, as in V0001. Text columns are
+-- bounded varchars (indexable); the lengths match ekbatan_fastapi/store/tables.py.
 
 CREATE TABLE ekbatan_execution_history (
     id             BIGINT        NOT NULL AUTO_INCREMENT,

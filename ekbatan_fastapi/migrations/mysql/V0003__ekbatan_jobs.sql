@@ -1,6 +1,7 @@
--- ekbatan-fastapi's registry of job definitions for MySQL 8+: what each job is (kind,
--- schedule and its fingerprint, timeout, concurrency limit, catch-up policy) and which
--- application version wrote it, with the slots each recurring job missed, caught up, skipped. Timestamps are datetime(6) holding UTC, as in V0001; the lengths match
+-- ekbatan-fastapi's registry of job definitions for MySQL 8+ and MariaDB 10.6+: what each job is
+-- (kind, schedule and its fingerprint, timeout, concurrency limit, catch-up policy) and which
+-- application version wrote it, with the slots each recurring job missed, caught up, skipped.
+-- Timestamps are datetime(6) holding UTC, as in V0001; the lengths match
 -- ekbatan_fastapi/store/tables.py.
 
 CREATE TABLE ekbatan_jobs (

@@ -1,7 +1,7 @@
--- ekbatan-fastapi's trace context of scheduled one-time tasks for MySQL 8+ (OpenTelemetry, the
--- [otel] extra): the W3C traceparent/tracestate of the span that scheduled a task instance,
--- written in the transaction that schedules it, so that its executions link to that trace.
--- scheduled_tasks (V0001) and its task_data stay db-scheduler's, verbatim. Timestamps are
+-- ekbatan-fastapi's trace context of scheduled one-time tasks for MySQL 8+ and MariaDB 10.6+
+-- (OpenTelemetry, the [otel] extra): the W3C traceparent/tracestate of the span that scheduled a
+-- task instance, written in the transaction that schedules it, so that its executions link to that
+-- trace. scheduled_tasks (V0001) and its task_data stay db-scheduler's, verbatim. Timestamps are
 -- datetime(6) holding UTC, as in V0001; the lengths match ekbatan_fastapi/store/tables.py.
 
 CREATE TABLE ekbatan_trace_context (

@@ -13,22 +13,37 @@ and parameters are sent as naive UTC, so neither the session nor the server time
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Table, TextClause, bindparam, literal_column, text
 from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects.mysql.base import MySQLIdentifierPreparer
+from sqlalchemy.engine.default import DefaultDialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import ColumnElement, Executable
 
 from ...domain.logs import library_logger
 from ..database import Database, Diagnosis, error_words, is_autocommit
+from ..external import prepare_callers
 from ..tables import UTCDateTime
+from . import literals
 from . import statements as q
 
-__all__ = ["ER_DUP_ENTRY", "ER_LOCK_WAIT_TIMEOUT", "MySQLDatabase", "errno", "naive_utc"]
+__all__ = [
+    "CONFLICT_RETRIES",
+    "ER_DUP_ENTRY",
+    "ER_LOCK_DEADLOCK",
+    "ER_LOCK_WAIT_TIMEOUT",
+    "MySQLDatabase",
+    "after_conflict",
+    "errno",
+    "naive_utc",
+]
 
 log = library_logger(__name__)
 
@@ -38,7 +53,12 @@ ER_DUP_ENTRY = 1062
 ER_NO_SUCH_TABLE = 1146
 ER_LOCK_DEADLOCK = 1213
 ER_LOCK_WAIT_TIMEOUT = 1205
-_DEADLOCK_RETRIES = 5
+CONFLICT_RETRIES = 8
+"""Attempts of a transaction that fails on a write conflict (error 1213)."""
+_CONFLICT_PAUSE = 0.005
+"""Seconds: before attempt n + 1, a random pause of up to n times this. Writers that conflicted
+(on a multi-primary Galera cluster, claimers on different nodes that locked the same due rows
+on their own node) try again at different moments instead of conflicting again."""
 _READ_ONLY = (1290, 1792, 1836)
 """--read-only / super_read_only, a READ ONLY transaction, a read-only replica."""
 _LOST = (2002, 2003, 2005, 2006, 2013, 2055)
@@ -54,6 +74,21 @@ def errno(error: BaseException) -> int | None:
     return None
 
 
+async def after_conflict(db: Database, attempt: int) -> None:
+    """A transaction failed on a write conflict (error 1213) and is run again: count it and
+    pause a little. MySQL reports an InnoDB deadlock so; a Galera cluster reports so, at
+    ``COMMIT``, a transaction that lost certification to a conflicting write committed on
+    another node first (multi-primary)."""
+    db.write_conflicts += 1
+    log.debug(
+        "write conflict on %s (error 1213, attempt %d of %d): run again",
+        db.tables.tasks,
+        attempt,
+        CONFLICT_RETRIES,
+    )
+    await asyncio.sleep(random.uniform(0.0, _CONFLICT_PAUSE * attempt))
+
+
 def naive_utc(value: datetime | None) -> datetime | None:
     """A parameter for a ``datetime(6)`` column: naive UTC (drivers drop an offset silently)."""
     if value is None or value.tzinfo is None:
@@ -66,6 +101,10 @@ class MySQLDatabase(Database):
     migrations_folder = "mysql"
 
     def configure(self, engine: AsyncEngine) -> AsyncEngine:
+        # Every value as no SQL mode reads differently, on every connection (literals.py).
+        literals.guard(engine)
+        prepare_callers(engine, literals.protect_on)  # an application's own connection
+        self._identifiers = MySQLIdentifierPreparer(cast(DefaultDialect, engine.dialect))
         self.read_committed: TextClause | None = text(q.READ_COMMITTED)
         """Sent first in each transaction (None: the engine's connections are set so)."""
         if is_autocommit(engine):
@@ -73,6 +112,16 @@ class MySQLDatabase(Database):
             self.read_committed = None
             return engine.execution_options(isolation_level="READ COMMITTED")
         return engine
+
+    def quoted(self, table: Table) -> str:
+        """A table's name in backticks where it needs quoting: an identifier in every SQL
+        mode (the engine's own quoting turns to double quotes once it saw ``ANSI_QUOTES``,
+        which a session without it reads as a string)."""
+        return self._identifiers.format_table(table)
+
+    def quoted_schema(self, schema: str) -> str:
+        """A schema's name, quoted as ``quoted`` quotes tables."""
+        return self._identifiers.quote_schema(schema)
 
     def sql(self, statement: str) -> TextClause:
         """``text()`` with the list parameters (``statements.EXPANDING``) expanding."""
@@ -123,6 +172,15 @@ class MySQLDatabase(Database):
                 "a row lock was held past innodb_lock_wait_timeout (a slow or orphaned "
                 f"transaction; see idle_transaction_timeout in docs/deployment.md): {words}",
             )
+        if code == ER_LOCK_DEADLOCK:
+            return Diagnosis(
+                "error",
+                True,
+                "a write conflict (error 1213: a deadlock, or on a multi-primary Galera "
+                "cluster a certification conflict at COMMIT), still there after "
+                f"{CONFLICT_RETRIES} attempts; on Galera poll with polling_strategy 'fetch' "
+                f"(the default there): {words}",
+            )
         if code is not None and code < 2000:
             return Diagnosis("error", True, f"the database refused a statement: {words}")
         return None
@@ -139,7 +197,7 @@ class MySQLDatabase(Database):
         """Run ``work`` in one transaction and commit; a deadlock victim is run again. Every
         transaction of ours runs at ``READ COMMITTED`` (see ``rowcount``, and the module's
         note on range scans)."""
-        for attempt in range(1, _DEADLOCK_RETRIES + 1):
+        for attempt in range(1, CONFLICT_RETRIES + 1):
             try:
                 async with self.connect() as conn:
                     if read_committed and self.read_committed is not None:
@@ -148,9 +206,9 @@ class MySQLDatabase(Database):
                     await conn.commit()
                     return result
             except DBAPIError as error:
-                if errno(error) != ER_LOCK_DEADLOCK or attempt == _DEADLOCK_RETRIES:
+                if errno(error) != ER_LOCK_DEADLOCK or attempt == CONFLICT_RETRIES:
                     raise
-                log.debug("deadlock on %s (attempt %d); retrying", self.tables.tasks, attempt)
+            await after_conflict(self, attempt)  # a new connection for the next attempt
         raise AssertionError("unreachable")
 
     async def rowcount(self, stmt: Executable, params: Any = None) -> int:
@@ -166,8 +224,9 @@ class MySQLDatabase(Database):
 
 
 class MariaDBDatabase(MySQLDatabase):
+    """MariaDB: the MySQL migrations (the DDL is the same)."""
+
     dialect_name = "mariadb"
-    migrations_folder = "mariadb"
 
 
 class MySQL5Database(MySQLDatabase):

@@ -1,4 +1,10 @@
-"""MySQL before 8 (and MariaDB before 10.6): the MySQL statements without ``SKIP LOCKED``."""
+"""MySQL before 8 (and MariaDB before 10.6): the MySQL task store without ``SKIP LOCKED``.
+
+A module of its own by concept, not size: it is a dialect of its own (``mysql5``, registered
+apart and reached only through ``b.dialect("mysql5")``), whose one difference is how it waits
+for rows another transaction holds (bounded lock waits, a batch retried row by row). Its
+statements are in ``statements.py`` with the others; when MySQL 5.7 support ends, this module
+and its registration are what goes."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ connection.
 
 A poll, its clock and the dead-execution check ask for the rows of this instance's job names.
 Up to ``NAMES_TABLE_MIN`` names they go in the statement's text (``IN (...)``, escaped once:
-``hot.Inlined``). Beyond it the server would parse and convert a list of that size at every
+``tasks.Inlined``). Beyond it the server would parse and convert a list of that size at every
 statement (1.5 MB of text and ~140 ms per statement with 100,000 names; docs/BENCHMARKS.md,
 "Names"), so the names go once into a temporary table of the connection, and the statements
 read ``task_name IN (SELECT task_name FROM <table>)``: about 1 ms at any count.
@@ -29,12 +29,10 @@ from sqlalchemy.pool import NullPool
 
 from ...domain.logs import library_logger
 from ..database import chunks
-from ..lease import Lease
-from . import hot
 from . import statements as q
 from .database import ER_NO_SUCH_TABLE, MySQLDatabase, errno
 
-__all__ = ["NAMES_TABLE_MIN", "NamesTable", "NamesTables", "transaction"]
+__all__ = ["NAMES_TABLE_MIN", "NamesTable", "NamesTables"]
 
 T = TypeVar("T")
 log = library_logger(__name__)
@@ -77,11 +75,7 @@ class NamesTable:
         digest = hashlib.sha256("\x00".join([t, *sorted(set(self.names))]).encode())
         self.name = q.NAMES_TABLE_PREFIX + digest.hexdigest()[:20]
         # in the tasks table's schema when it names one (else the session's database)
-        schema = (
-            db.engine.dialect.identifier_preparer.quote_schema(tasks.schema) + "."
-            if tasks.schema
-            else ""
-        )
+        schema = db.quoted_schema(tasks.schema) + "." if tasks.schema else ""
         self.ref = schema + self.name
         self.twin = schema + self.name + "_b"
         self._create = q.create_names_table(self.ref, t)
@@ -196,15 +190,3 @@ class NamesTables:
         """No temporary tables for this user: the names go in the text from now on (the
         statement that was refused fails; the next poll runs the text form)."""
         self.enabled = False
-
-
-async def transaction(
-    db: MySQLDatabase,
-    lease: Lease | None,
-    table: NamesTable | None,
-    work: Callable[[Any], Awaitable[T]],
-) -> T:
-    """``hot.transaction``, on a connection that holds ``table`` (when there is one)."""
-    if table is None:
-        return await hot.transaction(db, lease, work)
-    return await table.retried(lambda: hot.transaction(db, lease, work, table.ensure))

@@ -8,16 +8,28 @@ says which). Every timestamp is UTC: the clock is ``UTC_TIMESTAMP(6)``, never ``
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+from sqlalchemy import TextClause
+
+from ...domain.rows import TaskRow
+
 __all__ = [
     "BY_KEY",
     "CLOCK",
+    "COLUMNS",
+    "DB_NOW",
+    "EXISTING_MAX",
     "EXPANDING",
+    "INSERT_COLUMNS",
     "NAMES_TABLE_PREFIX",
     "NOW",
     "PER_NAME_MAX",
     "READ_COMMITTED",
     "RESTORE_LOCK_WAIT",
     "SHORT_LOCK_WAIT",
+    "PollStatements",
     "candidates",
     "candidates_per_name",
     "claim",
@@ -33,6 +45,7 @@ __all__ = [
     "fill_names_from",
     "heartbeat",
     "heartbeat_keys",
+    "insert_rows",
     "lock_beating",
     "lock_dead",
     "lock_due",
@@ -46,10 +59,11 @@ __all__ = [
     "still_owned",
 ]
 
-COLUMNS = (
-    "task_name, task_instance, task_data, execution_time, picked, picked_by, last_success, "
-    "last_failure, consecutive_failures, last_heartbeat, version, priority"
-)
+COLUMNS = ", ".join(TaskRow._fields)
+"""The columns of a row read whole: ``TaskRow``'s fields, in its order (``tasks.task_row``); a
+locking poll adds the database's clock after them (``DB_NOW``)."""
+DB_NOW = len(TaskRow._fields)
+"""The position of ``db_now`` in the rows of the locking polls: right after ``COLUMNS``."""
 KEY = "(task_name, task_instance)"
 # The owned rows: the key pairs first, so that the optimizer reads them by the primary key
 # (a three-column row constructor alone can make MariaDB scan the table, and a scanning
@@ -88,7 +102,7 @@ SHORT_LOCK_WAIT = (
 bound is kept aside for ``RESTORE_LOCK_WAIT``)."""
 RESTORE_LOCK_WAIT = "SET SESSION innodb_lock_wait_timeout = @ekbatan_lock_wait"
 """The session's bound as it was (the pool's, see ``connect.py``; not the server's default)."""
-EXPANDING = ("names", "keys", "owned")
+EXPANDING = ("names", "keys", "owned", "instances")
 """The list parameters (``IN :x``); every statement's parameter of these names expands."""
 
 
@@ -107,8 +121,14 @@ def _next_due(t: str, p: str | None, k: str | None, due: str | None = None) -> s
     names and read every row of every name (all 100,000 rows of 100,000 names, 140-270 ms;
     4,800 rows of 600 names), as a ``MIN`` would."""
     if not k:
+        # In time order, not ``MIN``: ``MIN`` reads every row of the names (the primary key's
+        # range: 100,000 schedules of one PersistentScheduleJob, 80 ms per idle poll), the
+        # ordered read walks ``execution_time_idx`` to the first row of ours.
         after = f" AND execution_time > {due}" if due else ""
-        return f"(SELECT MIN(execution_time) FROM {t} WHERE picked = 0{after} AND {_wanted(p)})"
+        return (
+            f"(SELECT execution_time FROM {t} WHERE picked = 0{after} AND {_wanted(p)} "
+            "ORDER BY execution_time LIMIT 1)"
+        )
     after = f" AND s.execution_time > {due}" if due else ""
     paused = f" AND s.task_name NOT IN (SELECT task_name FROM {p})" if p else ""
     return (
@@ -283,7 +303,7 @@ ORDER BY priority DESC, execution_time ASC
 LIMIT :limit
 FOR UPDATE SKIP LOCKED
 """
-    cols = ", ".join(f"r.{c.strip()}" for c in COLUMNS.split(","))
+    cols = ", ".join(f"r.{c}" for c in TaskRow._fields)
     return f"""
 SELECT {cols}, {NOW} AS db_now
 FROM ({_due_per_name(t, p, count, due)}) AS k
@@ -294,14 +314,37 @@ FOR UPDATE SKIP LOCKED
 """
 
 
-def clock(t: str, p: str | None, k: str | None = None) -> str:
+def clock(t: str, p: str | None, k: str | None = None, k2: str | None = None) -> str:
     """Lock-and-fetch, after the claim and in its transaction: the clock and the earliest
-    unpicked time, due or not. A due time here is a row this poll did not get: a peer held
-    its lock (a peer's claim, or a peer's scan that locks a row while it checks it), or it
-    came due between ``lock_due``'s clock and this one. The scheduler then looks again soon
-    instead of a poll interval later."""
+    unpicked time, due or not, and the rows other instances hold (``held``). A due time here
+    is a row this poll did not get: a peer held its lock (a peer's claim, or a peer's scan
+    that locks a row while it checks it), or it came due between ``lock_due``'s clock and
+    this one. The scheduler then looks again soon instead of a poll interval later. With the
+    names in a table, the due time reads ``k`` and the held rows its twin ``k2`` (each
+    opened once, as MySQL requires)."""
     next_due = _next_due(t, p, k)
-    return f"SELECT {NOW} AS db_now, {next_due} AS next_due"
+    if k and not k2:  # no twin to read the held rows from
+        return f"SELECT {NOW} AS db_now, {next_due} AS next_due"
+    return f"""
+SELECT x.db_now, x.next_due, h.task_name, h.execution_time
+FROM (SELECT {NOW} AS db_now, {next_due} AS next_due) AS x
+LEFT JOIN ({held(t, k2 if k else None)}) AS h ON TRUE
+"""
+
+
+HELD_LIMIT = 100
+"""Rows picked by other instances a sleeping poll reports at most."""
+
+
+def held(t: str, k: str | None = None) -> str:
+    """Rows of the polled names (the ``:names`` list, or the names table ``k``) picked by
+    other instances (only picked rows have a heartbeat: ``last_heartbeat_idx``): a recurring
+    one comes due again at its next slot, and their owners are what the liveness watch
+    judges (``PollResult.held``)."""
+    return (
+        f"SELECT task_name, execution_time FROM {t} WHERE last_heartbeat IS NOT NULL "
+        f"AND picked = 1 AND picked_by <> :picked_by AND {_wanted(None, k)} LIMIT {HELD_LIMIT}"
+    )
 
 
 def claim(t: str) -> str:
@@ -385,12 +428,14 @@ def still_owned(t: str) -> str:
 def dead_candidates(t: str, k: str | None = None, k2: str | None = None) -> str:
     """The candidates, and (in the row with a NULL key) when the next picked row would die if
     its heartbeats stopped now (the names from the table ``k`` and its twin ``k2`` when
-    given, one per part)."""
+    given, one per part); with each candidate, who picked it and its last heartbeat."""
     return f"""
-SELECT task_name, task_instance, version, NULL AS next_death FROM {t}
+SELECT task_name, task_instance, version, NULL AS next_death, picked_by, last_heartbeat
+FROM {t}
 WHERE {_wanted(None, k)} AND {DEAD}
 UNION ALL
-SELECT NULL, NULL, NULL, MIN(last_heartbeat) + INTERVAL :dead_us MICROSECOND FROM {t}
+SELECT NULL, NULL, NULL, MIN(last_heartbeat) + INTERVAL :dead_us MICROSECOND, NULL, NULL
+FROM {t}
 WHERE {_wanted(None, k2 or k)} AND picked = 1
   AND last_heartbeat >= {NOW} - INTERVAL :dead_us MICROSECOND
 """
@@ -408,8 +453,29 @@ FOR UPDATE{" SKIP LOCKED" if skip_locked else ""}
 # -- scheduling ------------------------------------------------------------------------------------
 
 
-def existing(t: str) -> str:
-    return f"SELECT task_name, task_instance FROM {t} {BY_KEY} WHERE {KEY} IN :keys"
+EXISTING_MAX = 900
+"""Instance ids per ``existing`` statement: below MariaDB's ``in_predicate_conversion_threshold``
+(1,000), so the list is read as ranges of the primary key, as on MySQL. (A list of key pairs
+turned into a join scans the whole table: 1,000 pairs read 200,000 rows of a 200,000-row
+table, 1,000 ids of one name 1,000.)"""
+
+INSERT_COLUMNS = "task_name, task_instance, task_data, execution_time, picked, version, priority"
+"""The columns of a new row, in the order of ``insert_rows``' values."""
+
+
+def existing(t: str, name: str = ":name", instances: str = ":instances") -> str:
+    """Which of the ``instances`` of task ``name`` have a row (one name per statement; both
+    given as parameters, or written in: ``tasks.existing_text``)."""
+    return (
+        f"SELECT task_name, task_instance FROM {t} {BY_KEY} "
+        f"WHERE task_name = {name} AND task_instance IN {instances}"
+    )
+
+
+def insert_rows(t: str, values: str) -> str:
+    """A multi-row ``INSERT`` of new rows: ``values`` is ``(...), (...)``, ``INSERT_COLUMNS``
+    each, written out (``tasks.insert_texts``)."""
+    return f"INSERT INTO {t} ({INSERT_COLUMNS}) VALUES {values}"
 
 
 def replace(t: str) -> str:
@@ -418,3 +484,53 @@ UPDATE {t} SET execution_time = COALESCE(:time, {NOW}), task_data = :data,
     priority = :priority, version = version + 1
 WHERE task_name = :name AND task_instance = :instance AND picked = 0
 """
+
+
+# -- the poll statements of one table, built once per arguments --------------------------------
+
+
+class PollStatements:
+    """The poll statements of one ``scheduled_tasks`` table (``t``) and pause table (``p``),
+    both quoted; each built once per instance and arguments (``functools.cache``)."""
+
+    def __init__(self, sql: Callable[[str], TextClause], t: str, p: str) -> None:
+        self._sql, self._t, self._p = sql, t, p
+        self.scan = functools.cache(self._scan)
+        self.per_name = functools.cache(self._per_name)
+        self.by_table = functools.cache(self._by_table)
+        self.dead_by_table = functools.cache(self._dead_by_table)
+
+    def _scan(self, skip_paused: bool, ahead_ms: int) -> tuple[TextClause, TextClause, TextClause]:
+        """(candidates, lock_due, clock) reading the due rows in time order."""
+        p, due, sql = self._p if skip_paused else None, due_by(ahead_ms), self._sql
+        return (
+            sql(candidates(self._t, p, due)),
+            sql(lock_due(self._t, p, due)),
+            sql(clock(self._t, p)),
+        )
+
+    def _per_name(
+        self, skip_paused: bool, count: int, ahead_ms: int
+    ) -> tuple[TextClause, TextClause]:
+        """(candidates, lock_due) reading ``count`` names' rows through our index."""
+        p, due, sql = self._p if skip_paused else None, due_by(ahead_ms), self._sql
+        return (
+            sql(candidates_per_name(self._t, p, count, due)),
+            sql(lock_due_per_name(self._t, p, count, due)),
+        )
+
+    def _by_table(
+        self, skip_paused: bool, ahead_ms: int, k: str, k2: str
+    ) -> tuple[TextClause, TextClause, TextClause]:
+        """As ``scan``, the names read from the temporary table ``k`` (and its twin ``k2``:
+        each statement opens each table once, as MySQL requires)."""
+        p, due, sql = self._p if skip_paused else None, due_by(ahead_ms), self._sql
+        return (
+            sql(candidates(self._t, p, due, k, k2)),
+            sql(lock_due(self._t, p, due, k)),
+            sql(clock(self._t, p, k, k2)),
+        )
+
+    def _dead_by_table(self, k: str, k2: str) -> TextClause:
+        """The dead-execution check's candidates, the names read from ``k`` and ``k2``."""
+        return self._sql(dead_candidates(self._t, k, k2))

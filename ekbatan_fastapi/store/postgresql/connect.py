@@ -14,20 +14,40 @@
   SQLAlchemy's own prepared statements are unnamed and uncached as well. asyncpg sends
   Parse/Describe/Flush and then Bind/Execute/Sync, so an unnamed statement stays on one server
   connection (verified against PgBouncer 1.18: ``tests/test_deployments.py``).
+* **The array codecs, warmed at connect.** asyncpg knows the codecs of the scalar types but
+  looks up some array types (``bigint[]``, ``bytea[]``, ``timestamptz[]``, ``smallint[]``,
+  the parameters of the heartbeat, the completion and scheduling) on their first use on each
+  connection: it turns JIT off for the session, runs its introspection query, and turns JIT
+  back on, in three statements outside any transaction. Through PgBouncer's transaction
+  pooling those three run on whichever server connections are free, so the introspection
+  query often ran where JIT was on, and the server compiled it: 5-7 s on a loaded 2-core
+  machine (0.1 s without JIT), holding one of the few server connections, with the first
+  heartbeat of a new connection waiting behind it (a chaos run lost slots to it). Each new
+  connection of the library's pool now looks the array types up at once, inside one
+  transaction (one server connection throughout), before the pool hands it out.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ...domain.errors import ConfigurationError
 from ..options import PoolOptions, PoolSetup
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "ConnectFailed", "HostConnector", "pool_setup"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "WARMED_ARRAY_TYPES",
+    "ConnectFailed",
+    "HostConnector",
+    "pool_setup",
+    "warm_codecs",
+]
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 """Seconds per host to open a connection (and authenticate)."""
@@ -45,6 +65,42 @@ _NUMERIC_QUERY: dict[str, type[int] | type[float]] = {
 _ANY_HOST_ATTRS = (None, "any", "primary", "read-write")
 """``target_session_attrs`` values for which the first acceptable host, in any order, will
 do; the others (``prefer-standby``, ...) are left to asyncpg's own host loop."""
+
+
+WARMED_ARRAY_TYPES = (
+    "text[]",
+    "bigint[]",
+    "integer[]",
+    "smallint[]",
+    "bytea[]",
+    "timestamptz[]",
+    "boolean[]",
+    "interval[]",
+)
+"""The array types of the library's statements, looked up by ``warm_codecs``."""
+
+_WARM = "SELECT " + ", ".join(f"CAST(NULL AS {t})" for t in WARMED_ARRAY_TYPES)
+
+
+async def warm_codecs(conn: Any, timeout: float) -> None:
+    """Have asyncpg look up the codecs of ``WARMED_ARRAY_TYPES`` on ``conn`` now, inside a
+    transaction: its introspection (JIT off, the query, JIT back) then stays on one server
+    connection behind a transaction-pooling PgBouncer (see the module's doc)."""
+    async with conn.transaction():
+        await conn.fetchrow(_WARM, timeout=timeout)
+
+
+def _warm_each_connection(timeout: float) -> Callable[[AsyncEngine], None]:
+    """The engine hook: ``warm_codecs`` on each new connection, after SQLAlchemy's own
+    set-up (its JSON codecs: asyncpg's ``set_type_codec`` empties the type cache)."""
+
+    def on_engine(engine: AsyncEngine) -> None:
+        def warm(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.run_async(lambda conn: warm_codecs(conn, timeout))
+
+        event.listen(engine.sync_engine, "connect", warm)
+
+    return on_engine
 
 
 class ConnectFailed(ConnectionError):
@@ -161,4 +217,4 @@ def pool_setup(url: URL, connect_args: dict[str, Any], options: PoolOptions) -> 
             prepared_statement_name_func=_unnamed,
         )
     args.setdefault("async_creator_fn", HostConnector())
-    return PoolSetup(url, args)
+    return PoolSetup(url, args, on_engine=_warm_each_connection(float(args["timeout"])))

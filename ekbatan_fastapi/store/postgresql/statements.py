@@ -1,6 +1,6 @@
-"""The PostgreSQL statements of the library: the claim and the completion here, the
-heartbeat, revival and scheduling in ``upkeep.py``; the two modules are every statement the
-dialect sends, in one place to review.
+"""Every PostgreSQL statement of the library's hot path and upkeep, in one place to review:
+the polls and the claim, the completion (with its history), the heartbeat, the revival of
+dead executions, and scheduling.
 
 Each statement is a function of the quoted table names it reads (``t``: ``scheduled_tasks``,
 ``h``: the history, ``p``: the paused tasks), so the text is built once per store. Bound
@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ...domain.rows import FinishKind
+from ...domain.rows import FinishKind, Outcome, TaskRow
 
 __all__ = [
     "HISTORY_PARAMS",
@@ -30,21 +30,23 @@ __all__ = [
     "due_by",
     "fetch_candidates",
     "finish",
+    "heartbeat",
+    "insert_missing",
     "lock_and_fetch",
     "names_literal",
+    "notify",
+    "revive_dead",
+    "upsert",
     "wanted_names",
     "window",
 ]
 
-# fmt: off
-COLUMNS = (
-    "task_name", "task_instance", "task_data", "execution_time", "picked", "picked_by",
-    "last_success", "last_failure", "consecutive_failures", "last_heartbeat", "version",
-    "priority",
-)
+COLUMNS = TaskRow._fields
 RETURNING = ", ".join(f"t.{c}" for c in COLUMNS)
-"""Claimed rows come back in this column order (decoded by position)."""
+"""Claimed rows come back with ``TaskRow``'s fields as their first columns, in its order: the
+row is ``TaskRow._make`` of them, no position counted by hand."""
 
+# fmt: off
 HISTORY_PARAMS = (
     "h_names", "h_instances", "h_versions", "h_times", "h_started", "h_finished", "h_outcomes",
     "h_classes", "h_messages",
@@ -189,6 +191,32 @@ def _next_due_by_group(t: str, due: str = "now()") -> str:
 
 # -- claiming ----------------------------------------------------------------------------------
 
+HELD_LIMIT = 100
+"""Rows picked by other instances a sleeping poll reports at most (``held``)."""
+
+
+def _held(t: str) -> str:
+    """``held``: rows of the known names picked by other instances (their heartbeat is set):
+    a recurring one comes due again at its next slot, which the poller wakes for, and a dead
+    owner's rows are what the liveness watch looks at. Read only when the poll is about to
+    sleep (a batch that was not full), through ``last_heartbeat_idx`` (only picked rows have a
+    heartbeat)."""
+    return f"""held AS MATERIALIZED (
+    SELECT h.task_name, h.task_instance, h.execution_time FROM {t} AS h
+    WHERE h.last_heartbeat IS NOT NULL AND h.picked = true AND h.picked_by <> :picked_by
+      AND (h.task_name IN (SELECT name FROM known)) IS TRUE
+    LIMIT {HELD_LIMIT}
+)"""
+
+
+_HELD_COLUMNS = """CASE WHEN (SELECT count(*) FROM claimed) < :limit THEN (
+            SELECT CAST(json_agg(json_build_array(task_name, extract(epoch FROM execution_time)))
+                AS text) FROM held
+        ) END AS held"""
+"""``held`` as one JSON text, ``[[task_name, epoch seconds], ...]``: an array column would make
+asyncpg introspect its type (three more round trips) on each new connection's first poll."""
+
+
 MANY_NAMES = 500
 """From this many task names on, the poll reads the due rows in time order and keeps those of
 its names (one index descent per name would cost more than the rows of other names it skips)."""
@@ -234,14 +262,15 @@ WITH RECURSIVE {_groups(p, t)}, {_due_candidates(t, window, due)}, due AS (
     ) AS x
     ORDER BY c.priority DESC, c.execution_time
     LIMIT :limit
-), {_CLAIMED.format(t=t, returning=RETURNING)}
-SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due)
+), {_CLAIMED.format(t=t, returning=RETURNING)}, {_held(t)}
+SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due) AS next_due, x.held
 FROM (
     SELECT now() AS db_now, {_next_due_by_group(t, due)} AS next_due,
         CASE WHEN (SELECT count(*) FROM claimed) < :limit THEN (
             SELECT min(execution_time) FROM candidates
             WHERE (task_name, task_instance) NOT IN (SELECT task_name, task_instance FROM claimed)
-        ) END AS skipped
+        ) END AS skipped,
+        {_HELD_COLUMNS}
 ) AS x
 LEFT JOIN claimed AS c ON true
 """
@@ -256,15 +285,16 @@ WITH {KNOWN}, due AS (
     ORDER BY priority DESC, execution_time ASC
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
-), {_CLAIMED.format(t=t, returning=RETURNING)}
-SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due)
+), {_CLAIMED.format(t=t, returning=RETURNING)}, {_held(t)}
+SELECT c.*, x.db_now, COALESCE(x.skipped, x.next_due) AS next_due, x.held
 FROM (
     SELECT now() AS db_now, {_next_due(t, wanted, due)} AS next_due,
         CASE WHEN (SELECT count(*) FROM claimed) < :limit THEN (
             SELECT min(execution_time) FROM {t}
             WHERE picked = false AND execution_time <= {due} AND {wanted}
               AND (task_name, task_instance) NOT IN (SELECT task_name, task_instance FROM claimed)
-        ) END AS skipped
+        ) END AS skipped,
+        {_HELD_COLUMNS}
 ) AS x
 LEFT JOIN claimed AS c ON true
 """
@@ -321,9 +351,17 @@ RETURNING {RETURNING}
 
 # -- recording results ---------------------------------------------------------------------------
 
-# The kinds are spelled as literals: 0 succeeded, 1 failed, 2 released, 3 deleted, 4 skipped
-# (released and skipped leave the counters alone; skipped moves the time).
-assert [k.value for k in FinishKind] == [0, 1, 2, 3, 4]
+KIND_OF_NULL = FinishKind.DELETED
+"""The kind a NULL ``:kinds`` array stands for in ``finish``: every result deletes its row (a
+batch of one-time successes), and asyncpg then need not encode the array element by element."""
+OUTCOME_OF_NULL = Outcome.SUCCEEDED
+"""The outcome a NULL ``:h_outcomes`` array stands for in ``finish``'s history."""
+
+_SUCCEEDED, _FAILED, _DELETED = (
+    int(FinishKind.SUCCEEDED), int(FinishKind.FAILED), int(FinishKind.DELETED)
+)  # fmt: skip
+"""The kinds in ``finish``'s text (released and skipped leave the counters alone; skipped
+moves the time)."""
 
 
 def finish(t: str, h: str | None = None, *, retry: bool = False, same_keys: bool = False) -> str:
@@ -333,35 +371,34 @@ def finish(t: str, h: str | None = None, *, retry: bool = False, same_keys: bool
     elsewhere). ``retry``: an earlier attempt may have committed (its answer was lost): its
     records are in the table already, and the retry's writes match nothing. Not again.
     ``same_keys``: the records are the results' rows in order, so the history's keys and
-    versions are the results' arrays. NULL (``unnest`` pads it) may stand for one value in
-    every row, which asyncpg then need not encode element by element: ``:kinds`` for 3
-    (delete: one-time successes), ``:h_outcomes`` for ``succeeded``."""
+    versions are the results' arrays. A NULL array (``unnest`` pads it) stands for one value in
+    every row: ``:kinds`` for ``KIND_OF_NULL``, ``:h_outcomes`` for ``OUTCOME_OF_NULL``."""
     history = "" if h is None else _finish_history(h, retry=retry, same_keys=same_keys)
     return f"""
 WITH d AS (
-    SELECT task_name, task_instance, version, next_time, COALESCE(kind, 3) AS kind
+    SELECT task_name, task_instance, version, next_time, COALESCE(kind, {KIND_OF_NULL:d}) AS kind
     FROM unnest(
         CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[]),
         CAST(:next_times AS timestamptz[]), CAST(:kinds AS smallint[])
     ) AS d(task_name, task_instance, version, next_time, kind)
 ), deleted AS (
     DELETE FROM {t} AS t USING d
-    WHERE d.kind = 3 AND t.task_name = d.task_name AND t.task_instance = d.task_instance
+    WHERE d.kind = {_DELETED} AND t.task_name = d.task_name AND t.task_instance = d.task_instance
       AND t.version = d.version
     RETURNING t.task_name, t.task_instance, d.version
 ), updated AS (
     UPDATE {t} AS t SET
         execution_time = COALESCE(d.next_time, t.execution_time),
         picked = false, picked_by = NULL, last_heartbeat = NULL,
-        last_success = CASE WHEN d.kind = 0 THEN now() ELSE t.last_success END,
-        last_failure = CASE WHEN d.kind = 1 THEN now() ELSE t.last_failure END,
+        last_success = CASE WHEN d.kind = {_SUCCEEDED} THEN now() ELSE t.last_success END,
+        last_failure = CASE WHEN d.kind = {_FAILED} THEN now() ELSE t.last_failure END,
         consecutive_failures = CASE d.kind
-            WHEN 0 THEN 0
-            WHEN 1 THEN COALESCE(t.consecutive_failures, 0) + 1
+            WHEN {_SUCCEEDED} THEN 0
+            WHEN {_FAILED} THEN COALESCE(t.consecutive_failures, 0) + 1
             ELSE t.consecutive_failures END,
         version = t.version + 1
     FROM d
-    WHERE d.kind <> 3 AND t.task_name = d.task_name AND t.task_instance = d.task_instance
+    WHERE d.kind <> {_DELETED} AND t.task_name = d.task_name AND t.task_instance = d.task_instance
       AND t.version = d.version
     RETURNING t.task_name, t.task_instance, d.version
 ), done AS (
@@ -396,7 +433,7 @@ def _finish_history(h: str, *, retry: bool, same_keys: bool) -> str:
     SELECT e.task_name, e.task_instance, e.execution_time, :picked_by, e.started_at,
            e.finished_at,
            CASE WHEN done.task_name IS NULL THEN 'superseded'
-                ELSE COALESCE(e.outcome, 'succeeded') END,
+                ELSE COALESCE(e.outcome, '{OUTCOME_OF_NULL.value}') END,
            e.error_class, e.error_message
     FROM unnest(
         {keys},
@@ -408,3 +445,137 @@ def _finish_history(h: str, *, retry: bool, same_keys: bool) -> str:
     LEFT JOIN done ON done.task_name = e.task_name AND done.task_instance = e.task_instance
         AND done.version = e.version{unwritten}
 )"""
+
+
+# -- keeping rows alive, and scheduling ---------------------------------------------------
+
+
+def heartbeat(t: str) -> str:
+    """Set ``last_heartbeat`` on the owned rows nobody else holds locked (``SKIP LOCKED``);
+    answer which rows are still ours (at the owned version, picked), beaten or not. A row held
+    is being written by this instance's completion (its result is being recorded), by the
+    execution's own ``ctx.transaction()``, or by a transaction that hangs; it is beaten at the
+    next round (revival skips locked rows too). Waiting for it instead deadlocked with a
+    completion of the same rows, which locks them in another order: PostgreSQL broke the
+    cycle after ``deadlock_timeout`` (1 s) by failing the heartbeat, and the completion had
+    waited all that time (docs/BENCHMARKS.md, the same-second burst, round 5)."""
+    return f"""
+WITH d AS (
+    SELECT * FROM unnest(
+        CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:versions AS bigint[])
+    ) AS d(task_name, task_instance, version)
+), owned AS MATERIALIZED (
+    SELECT t.ctid, t.task_name, t.task_instance FROM {t} AS t
+    JOIN d ON t.task_name = d.task_name AND t.task_instance = d.task_instance
+    WHERE t.version = d.version AND t.picked = true
+), beating AS (
+    SELECT t.ctid FROM {t} AS t
+    WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM owned)) AND t.picked = true
+    FOR UPDATE OF t SKIP LOCKED
+), beat AS (
+    UPDATE {t} AS t SET last_heartbeat = now()
+    WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM beating))
+)
+SELECT task_name, task_instance FROM owned
+"""
+
+
+def revive_dead(t: str) -> str:
+    """Revive dead executions, and answer when the next picked row would die if its heartbeats
+    stopped now: the housekeeper looks again then, instead of at its next round (failover
+    within milliseconds of the dead window, not up to one heartbeat interval later). The
+    names come as one ``names_literal`` (made once per list of names), parsed once per
+    statement, and are checked with one hash probe per picked row (``wanted``): an array
+    parameter would be encoded and checked name by name by asyncpg at every round (54 ms of
+    client CPU for 100,000 names), and ``= ANY`` of it estimated name by name when planned.
+    Rows among the ``:held_*`` keys (the executions of the instance that checks) or picked by
+    ``:own`` (its name) and beaten since ``:own_since`` (it became ready) are never revived:
+    they are alive, whatever their heartbeat says (``TaskStore.revive_dead``)."""
+    names = wanted_names(None)
+    return f"""
+WITH {KNOWN}, dead AS (
+    SELECT task_name, task_instance, picked_by, last_heartbeat FROM {t}
+    WHERE picked = true AND {names}
+      AND (last_heartbeat IS NULL OR last_heartbeat < now() - CAST(:dead_after AS interval))
+      AND (CAST(:own AS text) IS NULL OR picked_by IS DISTINCT FROM CAST(:own AS text)
+           OR last_heartbeat < CAST(:own_since AS timestamptz))
+      AND NOT EXISTS (
+          SELECT 1 FROM unnest(CAST(:held_names AS text[]), CAST(:held_instances AS text[]))
+              AS h(name, instance)
+          WHERE h.name = task_name AND h.instance = task_instance
+      )
+    ORDER BY task_name, task_instance
+    FOR UPDATE SKIP LOCKED
+), revived AS (
+    UPDATE {t} AS t
+    SET picked = false, picked_by = NULL, last_heartbeat = NULL, version = t.version + 1
+    FROM dead
+    WHERE t.task_name = dead.task_name AND t.task_instance = dead.task_instance
+    RETURNING t.task_name, t.task_instance, t.task_data, t.execution_time, true AS picked,
+        dead.picked_by, t.last_success, t.last_failure, t.consecutive_failures,
+        dead.last_heartbeat, t.version - 1 AS version, t.priority
+)
+SELECT r.*, w.next_death
+FROM (
+    SELECT min(last_heartbeat) + CAST(:dead_after AS interval) AS next_death FROM {t}
+    WHERE picked = true AND {names}
+      AND last_heartbeat >= now() - CAST(:dead_after AS interval)
+) AS w
+LEFT JOIN revived AS r ON true
+"""
+
+
+# -- scheduling ------------------------------------------------------------------------------------
+
+
+def insert_missing(t: str) -> str:
+    """Insert the rows that do not exist. The ``NOT EXISTS`` reads the committed rows without
+    waiting: ``ON CONFLICT`` alone would wait for a transaction that holds an existing row
+    locked (a stopped process between its ``ctx.transaction()`` completion and its commit),
+    and startup with it; it stays for the race with a peer inserting the same key. The keys
+    it inserted come back as one row of two arrays (``names``, ``instances``; NULL when it
+    inserted none): 100,000 result rows cost the client more CPU than the insert itself."""
+    return f"""
+WITH inserted AS (
+INSERT INTO {t} (task_name, task_instance, task_data, execution_time, picked, version, priority)
+SELECT d.task_name, d.task_instance, d.task_data, COALESCE(d.execution_time, now()), false, 1,
+       d.priority
+FROM unnest(CAST(:names AS text[]), CAST(:instances AS text[]), CAST(:datas AS bytea[]),
+            CAST(:times AS timestamptz[]), CAST(:priorities AS smallint[]))
+    AS d(task_name, task_instance, task_data, execution_time, priority)
+WHERE NOT EXISTS (
+    SELECT 1 FROM {t} AS e WHERE e.task_name = d.task_name AND e.task_instance = d.task_instance
+)
+ON CONFLICT (task_name, task_instance) DO NOTHING
+RETURNING task_name, task_instance
+)
+SELECT array_agg(task_name) AS names, array_agg(task_instance) AS instances FROM inserted
+"""
+
+
+def upsert(t: str, *, replace: bool) -> str:
+    """Insert one row (or, with ``replace``, move an unpicked existing one), and notify the
+    listeners. The notification is sent at commit, so listeners never see a row that is not
+    there yet."""
+    action = (
+        """UPDATE SET execution_time = EXCLUDED.execution_time, task_data = EXCLUDED.task_data,
+    priority = EXCLUDED.priority, version = t.version + 1 WHERE t.picked = false"""
+        if replace
+        else "NOTHING"
+    )
+    return f"""
+WITH written AS (
+    INSERT INTO {t} AS t (task_name, task_instance, task_data, execution_time, picked, version,
+                          priority)
+    VALUES (:name, :instance, :data, COALESCE(CAST(:time AS timestamptz), now()), false, 1,
+            :priority)
+    ON CONFLICT (task_name, task_instance) DO {action}
+    RETURNING t.task_name, t.execution_time
+)
+SELECT task_name, pg_notify(:channel, CAST(extract(epoch FROM execution_time) AS text))
+FROM written
+"""
+
+
+def notify() -> str:
+    return "SELECT pg_notify(:channel, :payload)"

@@ -9,17 +9,18 @@ checkout, parameter processing and result rows cost several times what asyncpg i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
 
-from ...domain.records import ExecutionRecord, Outcome
 from ...domain.rows import (
+    ExecutionRecord,
     Finish,
-    FinishKind,
     NewTask,
+    Own,
     Owned,
     PollingStrategy,
     PollResult,
@@ -27,13 +28,10 @@ from ...domain.rows import (
     TaskKey,
     TaskRow,
 )
-from ..database import chunks
+from ..database import Lease, chunks, discard_connection
 from ..external import Caller
-from ..lease import Lease, discard_connection
-from ..probe import probes
 from ..tasks import HistoryTableMissing, HistoryUnwritable, TaskStore
 from . import statements as q
-from . import upkeep as u
 from .database import PostgresDatabase, sqlstate
 
 __all__ = ["PostgresTaskStore"]
@@ -52,23 +50,29 @@ def _refused_value(error: BaseException) -> bool:
     return isinstance(error, UnicodeError | ValueError)
 
 
-def _task_row(r: Any) -> TaskRow:
-    """A claimed row, by position (``statements.RETURNING``'s order); asyncpg returns aware
-    times."""
-    return TaskRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
+_ROW = len(q.COLUMNS)
 
 
-DELETED = int(FinishKind.DELETED)
-"""A result that deletes its row (the ``:kinds`` value a NULL array stands for)."""
-SUCCEEDED = Outcome.SUCCEEDED.value
-"""The outcome a NULL ``:h_outcomes`` stands for."""
+"""A claimed row's first columns are ``statements.RETURNING``, ``TaskRow``'s fields in order
+(asyncpg returns aware times): ``TaskRow._make(r[:_ROW])``."""
+_NO_LEAD = timedelta(0)
 
 
-def _column(values: list[Any], every: Any = None) -> list[Any] | None:
-    """A statement's array of one column, or NULL where every value is ``every``: ``unnest``
-    of several arrays pads a shorter (or NULL) one with NULLs (the statement reads a NULL as
-    ``every``), and asyncpg does not have to encode (and type-check) each element."""
-    return None if values.count(every) == len(values) else values
+_KIND_OF_NULL = int(q.KIND_OF_NULL)
+_OUTCOME_OF_NULL = q.OUTCOME_OF_NULL.value
+
+
+def _held(value: str | None) -> tuple[tuple[str, datetime], ...]:
+    """The poll's ``held`` (``statements._HELD_COLUMNS``): JSON ``[[name, epoch], ...]``."""
+    if not value:
+        return ()
+    return tuple((str(n), datetime.fromtimestamp(float(e), UTC)) for n, e in json.loads(value))
+
+
+def _inserted_keys(rows: Sequence[Any]) -> list[TaskKey]:
+    """The keys ``statements.insert_missing`` answered (its one row of two arrays)."""
+    names, instances = rows[0]
+    return list(zip(names, instances, strict=True)) if names else []
 
 
 def _owned_params(owned: Sequence[Owned]) -> dict[str, Any]:
@@ -77,29 +81,6 @@ def _owned_params(owned: Sequence[Owned]) -> dict[str, Any]:
         return {"names": [], "instances": [], "versions": []}
     names, instances, versions = zip(*owned, strict=True)
     return {"names": list(names), "instances": list(instances), "versions": list(versions)}
-
-
-def _history_params(history: Sequence[ExecutionRecord], finish: dict[str, Any]) -> bool:
-    """Add ``statements.HISTORY_PARAMS``' arrays to ``finish``, the results' parameters: the
-    records' columns in one transposition (an ``ExecutionRecord`` is a named tuple). True when
-    the records are the results' rows in order (``finish(same_keys=True)``): their keys and
-    versions are not sent again."""
-    (names, instances, times, _, started, finished, outcomes, classes, messages, _, versions) = zip(
-        *history, strict=True
-    )
-    same: bool = (
-        list(names) == finish["names"]
-        and list(instances) == finish["instances"]
-        and list(versions) == finish["versions"]
-    )
-    if not same:
-        finish["h_names"], finish["h_instances"] = list(names), list(instances)
-        finish["h_versions"] = list(versions)
-    finish["h_times"], finish["h_started"] = list(times), list(started)
-    finish["h_finished"] = list(finished)
-    finish["h_outcomes"] = _column(list(outcomes), SUCCEEDED)
-    finish["h_classes"], finish["h_messages"] = _column(list(classes)), _column(list(messages))
-    return same
 
 
 class PostgresTaskStore(TaskStore):
@@ -120,6 +101,9 @@ class PostgresTaskStore(TaskStore):
         self._poll_sql: dict[tuple[PollingStrategy, bool, int | None, int], q.Statement] = {}
         """The poll statements, made on first use: by strategy, ``skip_paused``, window and
         lead (``claim_ahead`` in milliseconds)."""
+        self._polls: dict[tuple[PollingStrategy, bool, bool, int, int], q.Statement] = {}
+        """The same by what ``poll`` is given (strategy, ``skip_paused``, many names or not,
+        limit, lead): one lookup per poll, the window not worked out again."""
         self._claim = q.Statement("claim", q.claim(t))
         self._finish_sql = q.Statement("finish", q.finish(t))
         self._finish_history = {
@@ -127,11 +111,11 @@ class PostgresTaskStore(TaskStore):
             for retry in (False, True)
             for same in (False, True)
         }
-        self._heartbeat = q.Statement("heartbeat", u.heartbeat(t))
-        self._revive_sql = text(u.revive_dead(t))
-        self._insert_missing = text(u.insert_missing(t))
-        self._upsert = {replace: text(u.upsert(t, replace=replace)) for replace in (False, True)}
-        self._notify = text(u.notify())
+        self._heartbeat = q.Statement("heartbeat", q.heartbeat(t))
+        self._revive_sql = text(q.revive_dead(t))
+        self._insert_missing = text(q.insert_missing(t))
+        self._upsert = {replace: text(q.upsert(t, replace=replace)) for replace in (False, True)}
+        self._notify = text(q.notify())
         self._literals: dict[str, tuple[tuple[str, ...], str]] = {}
         """Per statement (``poll``, ``revive``): the last names it was sent, and their
         ``names_literal`` (made once, not per statement)."""
@@ -173,12 +157,10 @@ class PostgresTaskStore(TaskStore):
     ) -> list[Any]:
         """Run ``stmt`` on asyncpg directly, on ``lease``'s connection (or a pooled one)."""
         held = lease if lease is not None else self.db.lease()
-        if probes.active:
-            probes.statement(stmt.name, stmt.sql)
+        if self.on_statement is not None:
+            self.on_statement(stmt.name, stmt.sql)
         try:
-            async with self.db.leased(held):
-                driver = await held.driver()
-                return list(await driver.fetch(stmt.sql, *stmt.args(params)))
+            return await self.db.fetch(held, stmt.sql, [params[name] for name in stmt.order])
         except Exception as error:
             if self.db.is_missing_table(error):
                 if self.db.tables.history.name in str(error):
@@ -197,7 +179,7 @@ class PostgresTaskStore(TaskStore):
         inserted: list[TaskKey] = []
         for chunk in chunks(tasks, _INSERT_ROWS):
             rows = await self.db.rows(self._insert_missing, self._insert_params(chunk))
-            inserted += ((r[0], r[1]) for r in rows)
+            inserted += _inserted_keys(rows)
         return sorted(inserted)
 
     async def upsert(self, task: NewTask, *, replace: bool) -> bool:
@@ -234,7 +216,7 @@ class PostgresTaskStore(TaskStore):
         if not tasks:
             return []
         result = await caller.execute(self._insert_missing, self._insert_params(tasks))
-        return sorted((r[0], r[1]) for r in result.fetchall())
+        return sorted(_inserted_keys(result.fetchall()))
 
     async def notify_on(self, caller: Caller, execution_time: datetime | None) -> None:
         payload = "" if execution_time is None else str(execution_time.timestamp())
@@ -272,35 +254,47 @@ class PostgresTaskStore(TaskStore):
 
     # -- the hot path -----------------------------------------------------------------------
 
-    async def _poll(
+    async def poll(
         self,
         names: Sequence[str],
         limit: int,
         picked_by: str,
         strategy: PollingStrategy,
         *,
-        skip_paused: bool,
-        lease: Lease | None,
-        ahead_ms: int = 0,
+        skip_paused: bool = False,
+        lease: Lease | None = None,
+        ahead: timedelta = _NO_LEAD,
     ) -> PollResult:
+        if ahead:
+            self.check_lead(ahead)
+        ahead_ms = round(ahead.total_seconds() * 1000) if ahead else 0
+        many = len(names) >= q.MANY_NAMES
         params: dict[str, Any] = {"limit": limit, "picked_by": picked_by}
-        params["names"] = self._names_literal(names) if len(names) >= q.MANY_NAMES else names
-        poll = self._poll_statement(strategy, skip_paused, len(names), limit, ahead_ms)
-        if strategy == PollingStrategy.LOCK_AND_FETCH:
-            rows = await self._fetch(poll, params, lease)
-            claimed = [_task_row(r) for r in rows if r[0] is not None]
-            return PollResult(claimed, rows[0][12], rows[0][13])
+        params["names"] = self._names_literal(names) if many else names
+        poll = self._polls.get((strategy, skip_paused, many, limit, ahead_ms))
+        if poll is None:
+            poll = self._poll_statement(strategy, skip_paused, len(names), limit, ahead_ms)
+            self._polls[strategy, skip_paused, many, limit, ahead_ms] = poll
         rows = await self._fetch(poll, params, lease)
-        db_now: datetime = rows[0][3]
-        next_due: datetime | None = rows[0][4]
-        candidates = [r for r in rows if r[0] is not None]
+        first = rows[0]
+        if strategy == PollingStrategy.LOCK_AND_FETCH:
+            # ``TaskRow._make`` without its Python frame (the slice is always ``_ROW`` long)
+            new, row_type = tuple.__new__, TaskRow
+            claimed = [new(row_type, r[:_ROW]) for r in rows if r["task_name"] is not None]
+            held = first["held"]
+            return PollResult(
+                claimed, first["db_now"], first["next_due"], held=_held(held) if held else ()
+            )
+        db_now: datetime = first["db_now"]
+        next_due: datetime | None = first["next_due"]
+        candidates = [r for r in rows if r["task_name"] is not None]
         if not candidates:
             return PollResult([], db_now, next_due)
-        params["names"] = [r[0] for r in candidates]
-        params["instances"] = [r[1] for r in candidates]
-        params["versions"] = [r[2] for r in candidates]
+        params["names"] = [r["task_name"] for r in candidates]
+        params["instances"] = [r["task_instance"] for r in candidates]
+        params["versions"] = [r["version"] for r in candidates]
         claimed_rows = await self._fetch(self._claim, params, lease)
-        claimed = [_task_row(r) for r in claimed_rows]
+        claimed = [TaskRow._make(r[:_ROW]) for r in claimed_rows]
         return PollResult(claimed, db_now, next_due, more_due=len(candidates) >= limit)
 
     def _names_literal(self, names: Sequence[str], statement: str = "poll") -> str:
@@ -310,25 +304,42 @@ class PostgresTaskStore(TaskStore):
             known = self._literals[statement] = (key, q.names_literal(key))
         return known[1]
 
-    async def _finish(
+    async def finish(
         self,
         items: Sequence[Finish],
         *,
-        lease: Lease | None,
-        history: Sequence[ExecutionRecord],
-        picked_by: str | None,
-        retry: bool,
+        lease: Lease | None = None,
+        history: Sequence[ExecutionRecord] = (),
+        picked_by: str | None = None,
+        retry: bool = False,
     ) -> set[TaskKey]:
-        if not items and not history:
-            return set()
-        params = _owned_params([i.owned for i in items])
-        params["next_times"] = _column([i.next_time for i in items])
-        params["kinds"] = _column([int(i.kind) for i in items], DELETED)
+        if not items:
+            if not history:
+                return set()
+            params: dict[str, Any] = {"names": [], "instances": [], "versions": []}
+        else:  # ``_owned_params`` written out: one transposition of the ``Owned`` tuples
+            names, instances, versions = zip(*[i.owned for i in items], strict=True)
+            params = {
+                "names": list(names),
+                "instances": list(instances),
+                "versions": list(versions),
+            }
+        columns: list[tuple[str, list[Any], Any]] = [
+            ("next_times", [i.next_time for i in items], None),
+            ("kinds", [int(i.kind) for i in items], _KIND_OF_NULL),
+        ]
+        if history:
+            same_keys = self._history_params(history, params, columns)
+            params["picked_by"] = picked_by
+        for key, values, of_null in columns:
+            # An array of one column, or NULL where every value is ``of_null`` (the value the
+            # statement reads a NULL as: ``unnest`` of several arrays pads a shorter, or NULL,
+            # one with NULLs), so that asyncpg does not have to encode (and type-check) each
+            # element.
+            params[key] = None if values.count(of_null) == len(values) else values
         if not history:
             rows = await self._fetch(self._finish_sql, params, lease)
             return {(r[0], r[1]) for r in rows}
-        same_keys = _history_params(history, params)
-        params["picked_by"] = picked_by
         try:
             rows = await self._fetch(self._finish_history[retry, same_keys], params, lease)
         except HistoryTableMissing:
@@ -341,14 +352,58 @@ class PostgresTaskStore(TaskStore):
             raise HistoryUnwritable(f"{type(error).__name__}: {error}") from error
         return {(r[0], r[1]) for r in rows}
 
+    @staticmethod
+    def _history_params(
+        history: Sequence[ExecutionRecord],
+        finish: dict[str, Any],
+        columns: list[tuple[str, list[Any], Any]],
+    ) -> bool:
+        """Add ``statements.HISTORY_PARAMS``' arrays to ``finish``, the results' parameters,
+        and to ``columns`` those sent as NULL when all empty: the records' columns in one
+        transposition (an ``ExecutionRecord`` is a named tuple). True when the records are the
+        results' rows in order (``finish(same_keys=True)``): their keys and versions are not
+        sent again."""
+        column = dict(
+            zip(ExecutionRecord._fields, map(list, zip(*history, strict=True)), strict=True)
+        )
+        names, instances, versions = column["task_name"], column["task_instance"], column["version"]
+        same: bool = (
+            names == finish["names"]
+            and instances == finish["instances"]
+            and versions == finish["versions"]
+        )
+        if not same:
+            finish["h_names"], finish["h_instances"] = names, instances
+            finish["h_versions"] = versions
+        finish["h_times"], finish["h_started"] = column["execution_time"], column["started_at"]
+        finish["h_finished"] = column["finished_at"]
+        columns.append(("h_outcomes", column["outcome"], _OUTCOME_OF_NULL))
+        columns.append(("h_classes", column["error_class"], None))
+        columns.append(("h_messages", column["error_message"], None))
+        return same
+
     async def heartbeat(self, owned: Sequence[Owned]) -> set[TaskKey]:
         if not owned:
             return set()
         rows = await self._fetch(self._heartbeat, _owned_params(owned), None)
         return {(r[0], r[1]) for r in rows}
 
-    async def _revive_dead(self, names: Sequence[str], dead_after: timedelta) -> Revival:
+    async def _revive_dead(
+        self,
+        names: Sequence[str],
+        dead_after: timedelta,
+        own: Own | None,
+        held: Collection[TaskKey],
+    ) -> Revival:
         literal = self._names_literal(names, "revive")  # 100,000 names: no per-name encoding
-        rows = await self.db.rows(self._revive_sql, {"names": literal, "dead_after": dead_after})
+        params = {
+            "names": literal,
+            "dead_after": dead_after,
+            "own": own.name if own is not None else None,
+            "own_since": own.since if own is not None else None,
+            "held_names": [k[0] for k in held],
+            "held_instances": [k[1] for k in held],
+        }
+        rows = await self.db.rows(self._revive_sql, params)
         revived = [self.to_row(r) for r in rows if r[0] is not None]
         return Revival(revived, rows[0]._mapping["next_death"])

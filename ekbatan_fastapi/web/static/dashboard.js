@@ -5,14 +5,31 @@
   const flash = document.getElementById("flash");
   let busy = false;
 
-  // The page is {prefix}/-/ui: a task's routes are {prefix}/{name}/...
-  const seg = (name) => "../" + encodeURIComponent(name);
+  // The page is {prefix}/-/ui: a task's routes are {prefix}/{name}/... A segment "." or
+  // ".." (also written %2e) is a step of the path, not a name: "../.." + "/run" would post to
+  // the application's root. encodeURIComponent leaves dots alone, so such names (refused by
+  // the library, but a row may be written by other means) are refused here too.
+  const part = (name, what) => {
+    const encoded = encodeURIComponent(name);
+    if (/^(?:\.|%2e){1,2}$/i.test(encoded)) {
+      throw new RangeError("the " + what + " " + JSON.stringify(name) + " cannot be part of " +
+        "a URL; use ekbatan-jobs (the CLI) or the client for it");
+    }
+    return encoded;
+  };
+  const seg = (name) => "../" + part(name, "task name");
   function say(text, bad) {
     flash.textContent = text;
     flash.className = bad ? "bad" : "";
   }
   function detail(data, response) {
     if (data && typeof data.detail === "string") return data.detail;
+    if (data && Array.isArray(data.detail)) {  // a 422: name each refused field
+      return data.detail.map((d) => {
+        const where = (d.loc || []).filter((p) => p !== "body").join(".");
+        return (where ? where + ": " : "") + d.msg;
+      }).join("; ");
+    }
     if (data && data.detail) return JSON.stringify(data.detail);
     return response.status + " " + response.statusText;
   }
@@ -90,7 +107,13 @@
     const name = row.dataset.name;
     const instance = row.dataset.instance;
     const action = button.dataset.action;
-    let url = seg(name);
+    let url;
+    try {
+      url = seg(name);
+    } catch (error) {
+      say(error.message, true);
+      return;
+    }
     let payload = null;
     if (action === "run") {
       url += "/run?instance=" + encodeURIComponent(instance);
@@ -101,6 +124,11 @@
       const reason = prompt("Pause " + name + " on every instance. Reason:", "");
       if (reason === null) return;
       url += "/pause";
+      payload = JSON.stringify({ reason: reason || null });
+    } else if (action === "cancel") {
+      const reason = prompt("Stop the running execution of " + name + " (wherever it runs). Reason:", "");
+      if (reason === null) return;
+      url += "/cancel?instance=" + encodeURIComponent(instance);
       payload = JSON.stringify({ reason: reason || null });
     } else if (action === "resume" || action === "resume-skip") {
       url += "/resume" + (action === "resume-skip" ? "?skip_missed=true" : "");
@@ -144,6 +172,133 @@
       if (open) loadHistory(row.dataset.name, panel.querySelector(".history-body"));
     } else if (button.dataset.action) {
       act(button, row);
+    }
+  });
+
+  // The schedules page ({prefix}/-/ui/schedules/{job}): the forms call the admin routes
+  // {prefix}/{job}/schedules/{id} ("../../" + seg(job) from here) with JSON bodies.
+  const form = document.getElementById("schedule-form");
+  if (!form) return;
+  const job = body.dataset.job;
+  const title = document.getElementById("editor-title");
+  const submit = form.querySelector('button[type="submit"]');
+  const cancel = document.getElementById("cancel-edit");
+  const field = (name) => form.elements.namedItem(name);
+  let editing = null;
+
+  function scheduleUrl(id) {
+    if (id.includes("/")) {
+      throw new RangeError("the id " + JSON.stringify(id) + " holds a '/', which a URL path " +
+        "cannot address; use ekbatan-jobs (the CLI) or the client for it");
+    }
+    return "../../" + seg(job) + "/schedules/" + part(id, "schedule id");
+  }
+
+  function edit(row) {
+    editing = {
+      id: row.dataset.id,
+      schedule: row.dataset.schedule || "",
+      data: row.dataset.json,
+    };
+    title.textContent = "Edit " + editing.id;
+    field("instance_id").value = editing.id;
+    field("instance_id").readOnly = true;
+    field("schedule").value = editing.schedule;
+    const data = field("data");
+    data.disabled = editing.data === undefined;
+    data.value = editing.data === undefined ? "" : editing.data;
+    data.placeholder = data.disabled ? "too large to edit here: use ekbatan-jobs" : "";
+    submit.textContent = "Save";
+    cancel.hidden = false;
+    form.dataset.mode = "edit";
+    field("schedule").focus();
+  }
+
+  function reset() {
+    editing = null;
+    form.reset();
+    title.textContent = "New schedule";
+    field("instance_id").readOnly = false;
+    field("data").disabled = false;
+    submit.textContent = "Create";
+    cancel.hidden = true;
+    form.dataset.mode = "create";
+  }
+
+  async function send(method, id, payload, query, button) {
+    let url;
+    try {
+      url = scheduleUrl(id) + query;
+    } catch (error) {
+      say(error.message, true);
+      return;
+    }
+    busy = true;
+    button.disabled = true;
+    try {
+      const response = await fetch(url, {
+        method: method,
+        credentials: "same-origin",
+        headers: payload === null ? {} : { "Content-Type": "application/json" },
+        body: payload === null ? null : JSON.stringify(payload),
+      });
+      const data = await response.json().catch(() => null);
+      if (!response.ok) {
+        say(id + ": " + detail(data, response), true);
+        return;
+      }
+      say(id + ": " + ((data && data.detail) || "deleted"), false);
+      setTimeout(() => location.reload(), 400);
+    } catch (error) {
+      say(id + ": " + error, true);
+    } finally {
+      busy = false;
+      button.disabled = false;
+    }
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const id = editing ? editing.id : field("instance_id").value;
+    const schedule = field("schedule").value;
+    const text = field("data").value;
+    let data = null;
+    if (text.trim() !== "") {
+      try {
+        data = JSON.parse(text);
+      } catch (error) {
+        say("data: not JSON (" + error.message + ")", true);
+        field("data").focus();
+        return;
+      }
+    }
+    if (!editing) {
+      send("PUT", id, { schedule: schedule, data: data }, "?replace=false", submit);
+      return;
+    }
+    const changes = {};
+    if (schedule !== editing.schedule) changes.schedule = schedule;
+    if (editing.data !== undefined && text !== editing.data) changes.data = data;
+    if (!Object.keys(changes).length) {
+      say(id + ": nothing changed", false);
+      return;
+    }
+    send("PATCH", id, changes, "", submit);
+  });
+  cancel.addEventListener("click", reset);
+
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest("button");
+    const row = button && button.closest("tr.schedule");
+    if (!row) return;
+    if (button.dataset.edit) {
+      edit(row);
+    } else if (button.dataset.delete) {
+      const id = row.dataset.id;
+      if (!confirm("Delete the schedule " + id + " of " + job + "? A running slot finishes.")) {
+        return;
+      }
+      send("DELETE", id, null, "", button);
     }
   });
 })();

@@ -1,0 +1,15 @@
+-- ekbatan-fastapi's streaks of missed slots: per recurring task instance, how many slots in a
+-- row passed without a run since its last run (CatchUp.latest merged them, the catch-up policy
+-- skipped them, they fell due while a run was going), and the due time the row had when the
+-- streak was counted: once the row has moved past it (a slot ran), the streak is over and /jobs
+-- shows 0. Written only when slots pass (never on a plain completion). scheduled_tasks (V0001)
+-- stays db-scheduler's, verbatim.
+
+CREATE TABLE ekbatan_missed_streaks (
+    task_name     TEXT NOT NULL,
+    task_instance TEXT NOT NULL,
+    missed        BIGINT NOT NULL,
+    next_time     TIMESTAMP WITH TIME ZONE NOT NULL,
+    updated_at    TIMESTAMP WITH TIME ZONE NOT NULL,
+    PRIMARY KEY (task_name, task_instance)
+);
