@@ -290,7 +290,10 @@ async def test_a_launch_that_raises_gives_its_row_back_and_the_batch_runs_on(
         await wait_until(
             lambda: _picked_is(any_engine, "count", {"b": False}), what="b unpicked, a, c done"
         )
-    assert dict(job.runs) == {"a": 1, "c": 1} and failures == ["b"]
+    # a poll woken meanwhile (by a and c ending) may claim b again before the test puts the
+    # launch right: it fails the same way and is given back again; it never spins
+    assert dict(job.runs) == {"a": 1, "c": 1}
+    assert set(failures) == {"b"} and len(failures) <= 2, failures
     executions = registry.scheduler.executions
     assert not executions.by_key and executions.executing == 0  # nothing held
     assert any("could not launch count/b" in r.getMessage() for r in caplog.records)
