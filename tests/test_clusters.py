@@ -44,9 +44,6 @@ _OPEN = {
     # read-write primary for a moment, and the multi-host URL reaches it: the writes of that
     # split-brain window were 10 one-time tasks run twice and 1 recurring slot lost (rewound).
     "patroni-leader-frozen": "split-brain window after a frozen primary continues (issue 31)",
-    # The eviction of the killed node stalls every node's writes for ~6.5 s, longer than the
-    # scenario's 0.8 s dead window: one live owner's task was revived and ran twice.
-    "galera-node-kill": "a live owner revived after the eviction's cluster-wide stall (issue 31)",
 }
 
 
