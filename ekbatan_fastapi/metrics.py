@@ -112,8 +112,9 @@ class EkbatanMetrics(SchedulerObserver):
       keeps them) and exported per task as the longest of its instances' streaks; a slot of
       an instance that runs here ends that instance's streak (0 once none is left);
     * ``ekbatan_missed_slots_timestamp_seconds{task}``: when this instance last counted
-      missed slots of the task (Unix time): a success or failure recorded later, on any
-      instance, means a slot ran since (the alert rule compares them);
+      missed slots of the task, or ran a slot of one of its instances here while another's
+      streak goes on (Unix time): a success or failure recorded later, on any instance,
+      means a slot ran since (the alert rule compares them);
     * ``ekbatan_missed_slots_total{task,reason}``: slots named as missed (``slot_missed``;
       ``record_missed_slots``), by reason: ``coalesced``, ``overlap``, ``catch_up`` (at most
       100 per completion: ``ekbatan_slots_total`` has every count);
@@ -229,7 +230,8 @@ class EkbatanMetrics(SchedulerObserver):
         self.missed_at = metric(
             prom.Gauge,
             "ekbatan_missed_slots_timestamp_seconds",
-            "When this instance last counted missed slots of the task (Unix time).",
+            "When this instance last counted missed slots of the task, or ran a slot of it "
+            "while another instance's (schedule's) streak goes on (Unix time).",
             task,
         )
         self.missed_slots = metric(
