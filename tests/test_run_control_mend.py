@@ -224,7 +224,8 @@ async def test_a_plain_def_job_under_cancel_other_runs_the_latest_slot_when_it_r
     history = await _history(any_engine, "unstoppable")
     assert [t for t, o, _ in history if o == "cancelled"] == [first]
     missed = {t: c for t, o, c in history if o == "missed"}
-    assert missed.get(stale) == "overlap", history
+    # overlap: due while it ran (coalesced only if the first run started a second late)
+    assert missed.get(stale) in ("overlap", "coalesced"), history
     runs = [t for t, o, _ in history if o not in ("missed", "cancelled")]
     assert stale not in runs, "each slot accounted once"
 
