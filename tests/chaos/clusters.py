@@ -21,6 +21,7 @@ comes (``chaos-long``, 4 s):
   never acknowledged) and Patroni on etcd's v2 API (Patroni 3.0.2's ``etcd3`` code takes the
   leader key back when the frozen leader's loop resumes: patroni#2689, fixed in 3.0.3).
   Revivals of executions whose owner was cut off are explained; no unexplained duplicate.
+  Its dead window is 2 s (``SYNCHRONOUS_KNOBS``): commits wait for a synchronous standby.
 * ``patroni-leader-frozen-etcd3``: the same without ``synchronous_mode``, on etcd's v3 API, as
   Patroni 3.0.2 runs by default: the old leader becomes the leader again after the SIGCONT and
   the promoted node's commits are rewound (by hand: it fails when a process wrote there).
@@ -62,6 +63,11 @@ __all__ = ["CLUSTERS", "CLUSTER_KNOBS", "IN_TESTS", "have_galera", "have_patroni
 
 CLUSTER_KNOBS = Knobs(poll=0.5, heartbeat=0.2, missed=4, shutdown_wait=1.0)
 """Polling 0.5 s, heartbeat 0.2 s x 4 missed = dead after 0.8 s."""
+
+SYNCHRONOUS_KNOBS = Knobs(poll=0.5, heartbeat=0.2, missed=10, shutdown_wait=1.0)
+"""With ``synchronous_mode``: heartbeat 0.2 s x 10 = dead after 2 s. Every commit waits for
+a synchronous standby, and after a failover none is attached until a replica streams from the
+new leader: commits (heartbeats among them) waited 0.6-1.1 s then, longer than 0.8 s."""
 
 _LONG_SECONDS = 4.0
 
@@ -108,7 +114,7 @@ def _patroni_setup(
                     url,
                     cluster.url("chaos"),
                     direct=True,
-                    knobs=CLUSTER_KNOBS,
+                    knobs=SYNCHRONOUS_KNOBS if synchronous else CLUSTER_KNOBS,
                     cluster=cluster,
                     description=f"Patroni 3.0 (etcd 3.4 through its {api} API, 3 PostgreSQL 15 "
                     f"nodes, ttl 20 s, "
