@@ -62,10 +62,17 @@ HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 
 _TTL, _LOOP_WAIT, _RETRY_TIMEOUT = 20, 1, 5
 
+_ETCD_V2_CLIENT = "/usr/lib/python3/dist-packages/etcd/__init__.py"
+"""Debian's python3-etcd: Patroni's client of etcd's v2 API (``dcs="etcd"``)."""
+
 
 def have_patroni() -> bool:
-    """Debian's patroni, etcd-server and haproxy, and PostgreSQL 15's binaries."""
-    return have_pg15() and all(Path(p).exists() for p in (PATRONI, PATRONICTL, ETCD, HAPROXY))
+    """Debian's patroni, etcd-server, haproxy and python3-etcd, and PostgreSQL 15's binaries."""
+    return (
+        have_pg15()
+        and all(Path(p).exists() for p in (PATRONI, PATRONICTL, ETCD, HAPROXY))
+        and Path(_ETCD_V2_CLIENT).exists()
+    )
 
 
 def _clean_env() -> dict[str, str]:
