@@ -21,7 +21,8 @@ What runs (``apt-get install patroni etcd-server haproxy``; PostgreSQL 15's bina
 
 Patroni's timing is tightened for a test (``loop_wait`` 1 s, ``ttl`` 20 s, ``retry_timeout``
 5 s; production defaults are 10/30/10). The shared servers of the machine are never touched;
-everything is stopped and deleted at the end.
+everything is stopped and deleted at the end: with ``EKBATAN_PATRONI_LOGS=<dir>`` the logs of
+Patroni, PostgreSQL (which then logs each connection), etcd and HAProxy are copied there first.
 """
 
 from __future__ import annotations
@@ -265,6 +266,15 @@ class PatroniCluster:
         self.frozen = []
 
 
+_DIAGNOSIS = (
+    {"log_connections": "on", "log_line_prefix": "%m [%p] "}
+    if os.environ.get("EKBATAN_PATRONI_LOGS")
+    else {}
+)
+"""With the logs kept (``EKBATAN_PATRONI_LOGS``): each node logs when a client connected to it
+(which node each scheduler reached, and when)."""
+
+
 def _patroni_config(
     scope: str, node: PatroniNode, etcd_port: int, sock: Path, *, synchronous: bool, dcs: str
 ) -> str:
@@ -298,8 +308,7 @@ def _patroni_config(
                         "max_connections": 100,
                         "fsync": "off",
                         "autovacuum": "off",
-                        "log_connections": "on",
-                        "log_line_prefix": "%m [%p] ",
+                        **_DIAGNOSIS,
                     },
                 },
             },
