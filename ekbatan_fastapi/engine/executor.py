@@ -189,8 +189,8 @@ class Executor:
                 wait = (row.execution_time - earlier).total_seconds()
                 execution.held = True
                 task = _start(self._run_at(execution, wait), f"ekbatan:{execution.label}")
-            elif execution.schedule is not None and not self._prepare(execution):
-                running.release(execution)  # the catch-up policy runs none: submitted
+            elif not self._prepare(execution):  # the catch-up policy runs none: submitted
+                running.release(execution)
                 return
             else:
                 if "execution_started" in self.observer.wants:
