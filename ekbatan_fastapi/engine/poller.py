@@ -350,8 +350,11 @@ class Poller:
         else:
             link.observed(result.db_now, sent)
         self.state.last_poll = result.db_now
-        if link.stall(began, "a claim") and result.claimed:
-            await self._beat_claimed(result.claimed)
+        took = clock.monotonic() - began  # ``DatabaseLink.stall`` written out (every poll)
+        if took > link.stall_after:
+            link.stalled(took, "a claim")
+            if result.claimed:
+                await self._beat_claimed(result.claimed)
         return result
 
     async def _beat_claimed(self, rows: Sequence[TaskRow]) -> None:
