@@ -21,7 +21,8 @@ What runs (``apt-get install patroni etcd-server haproxy``; PostgreSQL 15's bina
 
 Patroni's timing is tightened for a test (``loop_wait`` 1 s, ``ttl`` 20 s, ``retry_timeout``
 5 s; production defaults are 10/30/10). The shared servers of the machine are never touched;
-everything is stopped and deleted at the end.
+everything is stopped and deleted at the end: with ``EKBATAN_PATRONI_LOGS=<dir>`` the logs of
+Patroni, PostgreSQL (which then logs each connection), etcd and HAProxy are copied there first.
 """
 
 from __future__ import annotations
@@ -62,10 +63,17 @@ HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 
 _TTL, _LOOP_WAIT, _RETRY_TIMEOUT = 20, 1, 5
 
+_ETCD_V2_CLIENT = "/usr/lib/python3/dist-packages/etcd/__init__.py"
+"""Debian's python3-etcd: Patroni's client of etcd's v2 API (``dcs="etcd"``)."""
+
 
 def have_patroni() -> bool:
-    """Debian's patroni, etcd-server and haproxy, and PostgreSQL 15's binaries."""
-    return have_pg15() and all(Path(p).exists() for p in (PATRONI, PATRONICTL, ETCD, HAPROXY))
+    """Debian's patroni, etcd-server, haproxy and python3-etcd, and PostgreSQL 15's binaries."""
+    return (
+        have_pg15()
+        and all(Path(p).exists() for p in (PATRONI, PATRONICTL, ETCD, HAPROXY))
+        and Path(_ETCD_V2_CLIENT).exists()
+    )
 
 
 def _clean_env() -> dict[str, str]:
@@ -258,8 +266,17 @@ class PatroniCluster:
         self.frozen = []
 
 
+_DIAGNOSIS = (
+    {"log_connections": "on", "log_line_prefix": "%m [%p] "}
+    if os.environ.get("EKBATAN_PATRONI_LOGS")
+    else {}
+)
+"""With the logs kept (``EKBATAN_PATRONI_LOGS``): each node logs when a client connected to it
+(which node each scheduler reached, and when)."""
+
+
 def _patroni_config(
-    scope: str, node: PatroniNode, etcd_port: int, sock: Path, *, synchronous: bool
+    scope: str, node: PatroniNode, etcd_port: int, sock: Path, *, synchronous: bool, dcs: str
 ) -> str:
     # JSON is YAML: no YAML writer needed.
     config = {
@@ -271,7 +288,7 @@ def _patroni_config(
             "listen": f"127.0.0.1:{node.rest_port}",
             "connect_address": f"127.0.0.1:{node.rest_port}",
         },
-        "etcd3": {"host": f"127.0.0.1:{etcd_port}"},
+        dcs: {"host": f"127.0.0.1:{etcd_port}"},
         "bootstrap": {
             "dcs": {
                 "ttl": _TTL,
@@ -291,6 +308,7 @@ def _patroni_config(
                         "max_connections": 100,
                         "fsync": "off",
                         "autovacuum": "off",
+                        **_DIAGNOSIS,
                     },
                 },
             },
@@ -368,12 +386,18 @@ def patroni_cluster(
     fall: int = 3,
     rise: int = 2,
     synchronous: bool = False,
+    dcs: str = "etcd3",
 ) -> Iterator[PatroniCluster]:
     """etcd, ``nodes`` Patroni-managed PostgreSQL 15 nodes (one leader, streaming replicas)
     and HAProxy in front of them; everything stopped and deleted at the end.
     ``check_interval``/``fall``/``rise``: HAProxy's health check of Patroni's ``/primary``
     (Patroni's documented template: 3 s, 3, 2). ``synchronous``: Patroni's
-    ``synchronous_mode``."""
+    ``synchronous_mode``. ``dcs``: Patroni's etcd API, ``etcd3`` or ``etcd`` (v2, served by
+    etcd 3.4 with ``--enable-v2``): Patroni 3.0.2's ``etcd3`` code overwrites the leader key
+    unconditionally when it renews an expired lease (fixed in 3.0.3, patroni#2689), which
+    the frozen-leader scenario shows; its v2 code compares the key's value first."""
+    if dcs not in ("etcd3", "etcd"):
+        raise ValueError(f"dcs must be etcd3 or etcd, not {dcs!r}")
     if not have_patroni():
         raise RuntimeError(
             "needs Debian's patroni, etcd-server and haproxy (apt-get install patroni "
@@ -423,6 +447,7 @@ def patroni_cluster(
                 f"e1=http://127.0.0.1:{etcd_peer}",
                 "--log-level",
                 "warn",
+                *(["--enable-v2"] if dcs == "etcd" else []),
             ],
             stdout=logs.enter_context((base / "etcd.log").open("wb")),
             stderr=subprocess.STDOUT,
@@ -431,7 +456,7 @@ def patroni_cluster(
         _wait_port(etcd_port)
         for index, node in enumerate(members):
             node.config.write_text(
-                _patroni_config(scope, node, etcd_port, sock, synchronous=synchronous)
+                _patroni_config(scope, node, etcd_port, sock, synchronous=synchronous, dcs=dcs)
             )
             _own(node.config)
             node.process = subprocess.Popen(
@@ -487,6 +512,12 @@ def patroni_cluster(
                     os.kill(pid, signal.SIGQUIT)
         _stop(etcd)
         logs.close()
+        keep = os.environ.get("EKBATAN_PATRONI_LOGS")
+        if keep:  # the run's Patroni, PostgreSQL, etcd and HAProxy logs, for a post-mortem
+            target = Path(keep) / base.name
+            target.mkdir(parents=True, exist_ok=True)
+            for log in base.glob("*.log"):
+                shutil.copy(log, target / log.name)
         shutil.rmtree(base, ignore_errors=True)
 
 

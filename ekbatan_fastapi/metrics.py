@@ -81,6 +81,11 @@ def _prometheus() -> Any:
     return prometheus_client
 
 
+_STREAKS_KEPT = 10_000
+"""Task instances per task whose streak of missed slots the gauge keeps (past that, the
+shortest is dropped: schedules come and go)."""
+
+
 class EkbatanMetrics(SchedulerObserver):
     """The scheduler's metrics, in ``registry`` (by default a new ``CollectorRegistry`` of its
     own, so that two applications or two tests in one process never collide; pass
@@ -100,13 +105,16 @@ class EkbatanMetrics(SchedulerObserver):
     * ``ekbatan_consecutive_failures{task}``: the row's ``consecutive_failures`` as this
       instance last wrote it (0 after a success; a failure adds one to the count the row had,
       which other instances may have raised): the table's value, from this instance's writes;
-    * ``ekbatan_consecutive_missed_slots{task}``: slots in a row that passed without a run
-      since the task's last run, as this instance last counted them (merged by
-      ``CatchUp.latest``, skipped by its catch-up policy, due while a run was going); 0 again
-      when a slot of it runs here;
+    * ``ekbatan_consecutive_missed_slots{task}``: slots in a row that passed without a run,
+      as this instance last counted them (merged by ``CatchUp.latest``, skipped by its
+      catch-up policy, due while a run was going), per task instance (a schedule of a
+      ``PersistentScheduleJob``: each has its own streak, as ``ekbatan_missed_streaks``
+      keeps them) and exported per task as the longest of its instances' streaks; a slot of
+      an instance that runs here ends that instance's streak (0 once none is left);
     * ``ekbatan_missed_slots_timestamp_seconds{task}``: when this instance last counted
-      missed slots of the task (Unix time): a success or failure recorded later, on any
-      instance, means a slot ran since (the alert rule compares them);
+      missed slots of the task, or ran a slot of one of its instances here while another's
+      streak goes on (Unix time): a success or failure recorded later, on any instance,
+      means a slot ran since (the alert rule compares them);
     * ``ekbatan_missed_slots_total{task,reason}``: slots named as missed (``slot_missed``;
       ``record_missed_slots``), by reason: ``coalesced``, ``overlap``, ``catch_up`` (at most
       100 per completion: ``ekbatan_slots_total`` has every count);
@@ -156,8 +164,10 @@ class EkbatanMetrics(SchedulerObserver):
         self._outcome_children: dict[tuple[str, str], Any] = {}
         self._task_children: dict[str, tuple[Any, Any]] = {}
         self._paused_here: set[str] = set()
-        self._missing_here: set[str] = set()
-        """Tasks whose gauge of consecutive missed slots this instance set above 0."""
+        self._missing_here: dict[str, dict[str, int]] = {}
+        """The streaks of missed slots this instance counted and no run here ended yet, by
+        task and task instance (a ``PersistentScheduleJob``'s schedules each have their
+        own, as ``ekbatan_missed_streaks`` keeps them): the task's gauge is the longest."""
         """Tasks this instance paused after their failures (their gauge is 1)."""
 
     def _metric(
@@ -212,14 +222,16 @@ class EkbatanMetrics(SchedulerObserver):
         self.consecutive_missed = metric(
             prom.Gauge,
             "ekbatan_consecutive_missed_slots",
-            "Slots in a row that passed without a run since the task's last run, as this "
-            "instance last counted them; 0 when a slot runs here.",
+            "Slots in a row that passed without a run, the longest streak of the task's "
+            "instances (schedules) as this instance last counted them; an instance's streak "
+            "ends when a slot of it runs here.",
             task,
         )
         self.missed_at = metric(
             prom.Gauge,
             "ekbatan_missed_slots_timestamp_seconds",
-            "When this instance last counted missed slots of the task (Unix time).",
+            "When this instance last counted missed slots of the task, or ran a slot of it "
+            "while another instance's (schedule's) streak goes on (Unix time).",
             task,
         )
         self.missed_slots = metric(
@@ -381,9 +393,23 @@ class EkbatanMetrics(SchedulerObserver):
             self.last_failure.labels(task).set(event.finished_at.timestamp())
         if event.consecutive_failures is not None:
             self.consecutive_failures.labels(task).set(event.consecutive_failures)
-            if task in self._missing_here:  # a slot ran: the streak is over
-                self._missing_here.discard(task)
-                self.consecutive_missed.labels(task).set(0)
+            streaks = self._missing_here.get(task)
+            if streaks is not None:
+                self._slot_ran(task, event.task_instance, event.finished_at, streaks)
+
+    def _slot_ran(
+        self, task: str, instance: str, finished_at: datetime, streaks: dict[str, int]
+    ) -> None:
+        """A slot of ``instance`` ran: its streak of missed slots is over; those of the
+        task's other instances (schedules) go on, stamped after this run (the alert rule
+        takes a success or failure recorded after the stamp as the end of the streak)."""
+        if streaks.pop(instance, None) is not None:
+            self.consecutive_missed.labels(task).set(max(streaks.values(), default=0))
+        if not streaks:
+            del self._missing_here[task]
+            return
+        at = max(time.time(), finished_at.timestamp() + 0.001)
+        self.missed_at.labels(task).set(at)
 
     def schedules_counted(self, counts: dict[str, dict[str, int]]) -> None:
         """The schedules of each ``PersistentScheduleJob`` by state (every state of each
@@ -414,8 +440,11 @@ class EkbatanMetrics(SchedulerObserver):
         self.missed_slots.labels(task_name, reason).inc()
 
     def missed_streak(self, task_name: str, task_instance: str, consecutive: int) -> None:
-        self._missing_here.add(task_name)
-        self.consecutive_missed.labels(task_name).set(consecutive)
+        streaks = self._missing_here.setdefault(task_name, {})
+        if task_instance not in streaks and len(streaks) >= _STREAKS_KEPT:
+            streaks.pop(min(streaks, key=streaks.__getitem__))  # the shortest goes
+        streaks[task_instance] = consecutive
+        self.consecutive_missed.labels(task_name).set(max(streaks.values()))
         self.missed_at.labels(task_name).set(time.time())
 
     def job_paused(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:

@@ -230,10 +230,13 @@ async def test_a_launch_that_raises_gives_its_slot_back_to_the_poller(
         assert scheduler.executions.claim_limit() == full
         assert scheduler.executions.executing == 0
         assert not scheduler.executions.claiming
-        # nor is the row held: it is given back, and runs once launching works again
+        # nor is the row held: it is given back, due again a second later (a launch that
+        # keeps failing is paced), and runs once launching works again
         assert not scheduler.executions.by_key
         await wait_until(lambda: not scheduler.completer.pending, what="the row given back")
         del scheduler.executor._prepare
+        assert await tm.run_due() == []
+        await tm.advance(by=timedelta(seconds=1))
         assert [r.task_instance for r in await tm.run_due()] == ["a"]
         assert job.ran == ["a"]
 

@@ -25,6 +25,19 @@ def test_execution_context_puts_every_value_in_its_own_attribute() -> None:
     assert isinstance(ctx, ExecutionContext)
 
 
+def test_the_executor_passes_the_context_fields_in_the_class_order() -> None:
+    """The executor calls ``ExecutionContext`` positionally (the hot path); each argument's
+    comment names the field it fills: they are the class's fields, in its order."""
+    import inspect
+
+    from ekbatan_fastapi.engine.executor import Executor
+
+    source = inspect.getsource(Executor._call_job)
+    call = source[source.index("ExecutionContext(") : source.index("\n        )\n")]
+    named = re.findall(r",  # (\w+)$", call, flags=re.MULTILINE)
+    assert named == [f.name for f in dataclasses.fields(ExecutionContext)]
+
+
 def test_the_statements_read_a_task_row_in_its_field_order() -> None:
     assert TaskRow._fields == postgresql.COLUMNS
     assert ", ".join(f"t.{f}" for f in TaskRow._fields) == postgresql.RETURNING

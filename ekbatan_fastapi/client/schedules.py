@@ -440,7 +440,8 @@ class ScheduleVerbs:
                 max_runs=pick(max_runs, base.max_runs),
             )
             spec = ScheduleSpec(spec.schedule, spec.data, spec.start_at, spec.end_at,
-                                spec.max_runs, base.runs, base.paused)  # fmt: skip
+                                spec.max_runs, base.runs, base.paused,
+                                counted_slot=base.counted_slot)  # fmt: skip
             timing = (
                 old is None
                 or any(v is not _UNSET for v in (schedule, start_at, end_at))
@@ -535,7 +536,8 @@ class ScheduleVerbs:
             if (spec.paused is None) == (paused is None):
                 return False
             spec = ScheduleSpec(spec.schedule, spec.data, spec.start_at, spec.end_at,
-                                spec.max_runs, spec.runs, paused)  # fmt: skip
+                                spec.max_runs, spec.runs, paused,
+                                counted_slot=spec.counted_slot)  # fmt: skip
             at: datetime | None = None
             if not row.picked:
                 if paused is not None:
@@ -592,11 +594,12 @@ def _data_json(job: PersistentScheduleJob, data: Any, where: str) -> bytes:
 def _keep_runs(row: TaskRow, spec: ScheduleSpec) -> ScheduleSpec:
     """``spec`` with the run count of the stored row (a replace keeps how often it ran)."""
     try:
-        runs = parse_spec(row.task_data, where="").runs
+        stored = parse_spec(row.task_data, where="")
+        runs, counted_slot = stored.runs, stored.counted_slot
     except ScheduleRowInvalid:
-        runs = 0
+        runs, counted_slot = 0, None
     return ScheduleSpec(spec.schedule, spec.data, spec.start_at, spec.end_at, spec.max_runs,
-                        runs, spec.paused)  # fmt: skip
+                        runs, spec.paused, counted_slot=counted_slot)  # fmt: skip
 
 
 def _search(search: str | None) -> None:

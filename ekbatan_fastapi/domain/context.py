@@ -33,7 +33,7 @@ def _never() -> bool:
     return False
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class HeartbeatState:
     """This instance's own view of an execution's heartbeats (db-scheduler's definitions).
 
@@ -56,9 +56,27 @@ class HeartbeatState:
     revive the row ``lock_grace`` seconds later, whatever its heartbeats say."""
     lock_grace: float = 0.5
 
-    def __post_init__(self) -> None:
-        if self.last_success is None:
-            self.last_success = self.monotonic()
+    def __init__(
+        self,
+        heartbeat_interval: timedelta,
+        dead_after: timedelta,
+        monotonic: Callable[[], float] = time.monotonic,
+        last_success: float | None = None,
+        failed_heartbeats: int = 0,
+        last_failure: float | None = None,
+        lock_lost_at: float | None = None,
+        lock_grace: float = 0.5,
+    ) -> None:
+        # The dataclass's own ``__init__`` with its ``__post_init__`` folded in: one Python
+        # call less per execution (one is built for every execution the scheduler launches).
+        self.heartbeat_interval = heartbeat_interval
+        self.dead_after = dead_after
+        self.monotonic = monotonic
+        self.last_success = monotonic() if last_success is None else last_success
+        self.failed_heartbeats = failed_heartbeats
+        self.last_failure = last_failure
+        self.lock_lost_at = lock_lost_at
+        self.lock_grace = lock_grace
 
     def record_success(self, sent: float | None = None) -> None:
         """A heartbeat reached the database. ``sent``: the monotonic time it was sent (the

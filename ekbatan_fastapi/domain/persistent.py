@@ -169,6 +169,10 @@ class ScheduleSpec:
     failed slot (``{"ekbatan_retry": ...}``, see ``domain.retries``) or a slot
     ``Overlap.buffer_one`` buffered (``{"ekbatan_buffered": ...}``). Stale (ignored) once
     the row is due at another time."""
+    counted_slot: str | None = None
+    """The slot (ISO 8601) ``runs`` last counted: a run of that slot again (its result was
+    never written: the process died between the count and the result, and the row was
+    revived) is not counted twice, and ``max_runs`` does not end the schedule a slot early."""
 
     @staticmethod
     def build(
@@ -214,6 +218,7 @@ class ScheduleSpec:
             "runs": self.runs,
             "paused": self.paused,
             **({"pending": self.pending} if self.pending is not None else {}),
+            **({"counted_slot": self.counted_slot} if self.counted_slot is not None else {}),
         }
 
     def encode(self, *, where: str) -> bytes:
@@ -232,10 +237,20 @@ class ScheduleSpec:
         """The data alone, as a one-time row would hold it (what ``ctx.data`` decodes)."""
         return encode_data(self.data, where=where)
 
-    def counted(self, *, slot: bool = True) -> ScheduleSpec:
-        """After a run: ``runs + 1`` (not for a retry of a slot: ``slot`` False), and no
-        pending retry or buffered slot."""
-        return replace(self, runs=self.runs + int(slot), pending=None)
+    def counted(self, *, slot: bool = True, at: datetime | None = None) -> ScheduleSpec:
+        """After a run of the slot ``at``: ``runs + 1`` (not for a retry of a slot: ``slot``
+        False; nor for a slot counted already, ``counted_slot``), and no pending retry or
+        buffered slot."""
+        if at is None:
+            return replace(self, runs=self.runs + int(slot), pending=None)
+        key = at.isoformat()
+        new = slot and key != self.counted_slot
+        return replace(
+            self,
+            runs=self.runs + int(new),
+            pending=None,
+            counted_slot=key if slot else self.counted_slot,
+        )
 
     def with_pending(self, mark: bytes) -> ScheduleSpec:
         """The spec carrying ``mark`` (a ``RetryMark`` or ``BufferMark``'s encoding)."""
@@ -341,4 +356,9 @@ def parse_spec(raw: bytes | None, *, where: str) -> ScheduleSpec:
     pending = value.get("pending")
     if not isinstance(pending, dict):
         pending = None  # a mark this version cannot read: as if none were pending
-    return ScheduleSpec(text, value.get("data"), start_at, end_at, max_runs, runs, paused, pending)
+    counted_slot = value.get("counted_slot")
+    if not isinstance(counted_slot, str):
+        counted_slot = None  # unreadable: the next run is counted
+    return ScheduleSpec(
+        text, value.get("data"), start_at, end_at, max_runs, runs, paused, pending, counted_slot
+    )

@@ -197,7 +197,7 @@ def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> O
     """The outcome of an execution whose result ``finish`` was (``recorded``) or was not
     written."""
     if error is None and recorded and finish.kind in _PLAIN_SUCCESS:  # the common case first
-        return Outcome.SUCCEEDED
+        return _OUTCOME_SUCCEEDED
     if not recorded:
         return Outcome.SUPERSEDED
     if finish.kind is FinishKind.RELEASED or isinstance(error, ExecutionCancelled):
@@ -214,6 +214,9 @@ def outcome_of(finish: Finish, recorded: bool, error: BaseException | None) -> O
 
 
 _PLAIN_SUCCESS = frozenset((FinishKind.DELETED, FinishKind.SUCCEEDED))
+_OUTCOME_SUCCEEDED = Outcome.SUCCEEDED
+"""A module global: ``Outcome.SUCCEEDED`` is a look-up through the enum's metaclass (once per
+finished execution an observer is told of)."""
 
 
 class ExecutionRecord(NamedTuple):

@@ -29,6 +29,9 @@ log = library_logger(__name__)
 MAX_BATCH = 1000
 """Results per completion statement."""
 
+_SKIPPED = FinishKind.SKIPPED
+"""A module global: ``FinishKind.SKIPPED`` is a look-up through the enum's metaclass."""
+
 
 class _WriteFailed(Exception):
     """A completion statement failed (the database's error is its cause)."""
@@ -264,7 +267,7 @@ class Completer:
             if history:
                 self.history.record(execution, finish, ok)
             # a skipped slot is no execution
-            if wants_finished and finish.kind is not FinishKind.SKIPPED:
+            if wants_finished and finish.kind is not _SKIPPED:
                 self.observer.execution_finished(finished_event(execution, finish, ok))
             if ok:
                 if self.counter is not None:

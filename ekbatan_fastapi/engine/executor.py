@@ -5,6 +5,7 @@ the async ones and waits again, then abandons what is left."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -31,14 +32,14 @@ from ..domain.logs import LOG_CONTEXT, library_logger
 from ..domain.overlap import Overlap, next_due_after, overlap_reason, read_buffer_mark
 from ..domain.persistent import PersistentScheduleJob
 from ..domain.retries import read_mark
-from ..domain.rows import Finish, FinishKind, TaskRow
+from ..domain.rows import Finish, FinishKind, TaskKey, TaskRow
 from ..domain.schedules import Schedule
 from ..domain.text import storable
 from ..store.cancels import CancelRequest
 from ..store.schedules import ScheduleRows
 from .config import SchedulerConfig
 from .definitions import PRE_COMPLETION_MAX_AGE, Definitions
-from .execution import Execution
+from .execution import JOB_KINDS, Execution, job_kind
 from .logs import log_extra
 from .observer import ObserverDispatch
 from .persistent import count_run, read_schedule_row
@@ -49,6 +50,13 @@ from .timeouts import Abandoned, TimeoutRunner
 __all__ = ["Executor"]
 
 log = library_logger(__name__)
+
+_LAUNCH_BACKOFF = (timedelta(seconds=1), timedelta(minutes=5))
+"""After a row's launch failed ``n`` times in a row here, the next attempt waits
+``min(first * 2 ** (n - 1), most)``: a launch that keeps failing (deciding its slot, an
+observer) is not tried at every wake-up of every instance."""
+_LAUNCH_FAILURES_KEPT = 10_000
+"""Rows whose failed launches are counted at once (then the counts start again)."""
 
 _COUNTING = 2
 """Schedule rows' runs counted at once per scheduler (``Executor._counting``)."""
@@ -121,13 +129,6 @@ class Executor:
         the newest stored schedule (None: not)."""
         self._retry_marks = retry_marks
         """Writes a failed slot's pending retry into its row (None: retries are not kept)."""
-        self._retrying = {
-            name
-            for name, job in jobs.items()
-            if isinstance(job, DistributedJob | PersistentScheduleJob)
-            and job.failure_handler() is not None
-        }
-        """The recurring jobs with a failure handler (their rows may carry a retry)."""
         self._overlaps: dict[str, Overlap] = {
             name: job.overlap()
             for name, job in jobs.items()
@@ -158,6 +159,8 @@ class Executor:
         """Answers ``ctx.is_shutting_down`` (one function for every execution)."""
         self._ahead = bool(config.claim_ahead)
         """Rows may be claimed before their time (``claim_ahead``): each starts at its own."""
+        self._launch_failures: dict[TaskKey, int] = {}
+        """Rows whose launch failed here, each with its failures in a row (until it starts)."""
         self.launch_errors: list[Exception] | None = None
         """Where a manual driver's round (``Poller.step``) collects the launches that failed,
         to raise the first once the batch is launched (None: only logged)."""
@@ -193,6 +196,8 @@ class Executor:
                 running.release(execution)
                 return
             else:
+                if self._launch_failures:  # launching works again
+                    self._launch_failures.pop(row.key, None)
                 if "execution_started" in self.observer.wants:
                     lag = (execution.started - row.execution_time).total_seconds()
                     self.observer.execution_started(row.task_name, row.task_instance, lag)
@@ -243,16 +248,66 @@ class Executor:
                 extra=self._extra(execution.row),
             )
             return
-        running.release(execution)
-        running.forget(execution)  # not heartbeated: the completer's unpick is pending
-        log.error(
-            "could not launch %s (slot %s); its row is released to be claimed again",
-            execution.label,
-            execution.row.execution_time.isoformat(),
-            exc_info=error,
-            extra=self._extra(execution.row),
-        )
+        row = execution.row
+        failures = self._launch_failures.get(row.key, 0) + 1
+        if failures == 1 and len(self._launch_failures) >= _LAUNCH_FAILURES_KEPT:
+            self._launch_failures.clear()
+        self._launch_failures[row.key] = failures
+        first, most = _LAUNCH_BACKOFF
+        delay = min(first * 2 ** min(failures - 1, 20), most)
         execution.error = error
+        if self._slot_row(row):
+            # Its due time is its slot: kept. The row stays held (heartbeated: no instance
+            # claims it) for the delay, then it is given back to be claimed again.
+            log.error(
+                "could not launch %s (slot %s, %d times in a row); its row is given back in %s",
+                execution.label,
+                row.execution_time.isoformat(),
+                failures,
+                delay,
+                exc_info=error,
+                extra=self._extra(row),
+            )
+            execution.held = True
+            task = _start(self._give_back(execution, delay), f"ekbatan:{execution.label}")
+            execution.task = task
+            if task.done():
+                running.release(execution)
+            else:
+                task.add_done_callback(self._ended)
+            return
+        running.release(execution)
+        running.forget(execution)  # not heartbeated: the completer's write is pending
+        execution.finished_at = now = self.link.now()
+        execution.note = f"launch failed {failures} times in a row; tried again at {now + delay}"
+        log.error(
+            "could not launch %s (%d times in a row); its row is given back, due again in %s",
+            execution.label,
+            failures,
+            delay,
+            exc_info=error,
+            extra=self._extra(row),
+        )
+        # a one-time row (or a backfilled slot, named by its id): due again after the delay,
+        # its counters unchanged
+        self.submit(Finish(execution.owned, FinishKind.SKIPPED, now + delay), execution)
+
+    def _slot_row(self, row: TaskRow) -> bool:
+        """A row whose due time is its slot: a recurring job's row, a schedule row."""
+        if row.task_name in self._persistent:
+            return True
+        return row.task_instance == RECURRING_INSTANCE and isinstance(
+            self.jobs.get(row.task_name), DistributedJob
+        )
+
+    async def _give_back(self, execution: Execution, delay: timedelta) -> None:
+        """Hold a row whose launch failed for ``delay`` (sooner at a stop), then give it
+        back, unpicked, its due time (its slot) unchanged."""
+        with contextlib.suppress(asyncio.CancelledError):  # a stop (``drain``): given back now
+            await asyncio.sleep(delay.total_seconds())
+        execution.held = False
+        self.running.release(execution)
+        self.running.forget(execution)  # not heartbeated: the completer's unpick is pending
         execution.finished_at = self.link.now()
         self.submit(Finish(execution.owned, FinishKind.RELEASED), execution)
 
@@ -291,16 +346,23 @@ class Executor:
             self.link.now(),
             overlap_reason(slot),
         )
-        if execution.request_stop(request):
-            execution.overlap_slot = slot
-            if not execution.job.is_async:
-                log.warning(
-                    "%s: its next slot %s is due (Overlap.cancel_other), but a plain def job "
-                    "cannot be interrupted; ctx.cancel_requested is now true",
-                    execution.label,
-                    slot.isoformat(),
-                    extra=self._extra(row),
-                )
+        if not execution.request_stop(request):
+            return
+        if execution.job.is_async:
+            execution.overlap_slot = slot  # its task ends now: that slot runs next
+            return
+        # A plain def job runs on in its thread until it returns (it may poll
+        # ctx.cancel_requested): the slot that runs next is the latest one due by then
+        # (``Execution._overlapped``), and those passed meanwhile, ``slot`` too once a
+        # later one is due, are recorded missed (overlap), not run late one after another.
+        log.warning(
+            "%s: its next slot %s is due (Overlap.cancel_other), but a plain def job "
+            "cannot be interrupted; ctx.cancel_requested is now true, and the latest slot "
+            "due when it returns runs next",
+            execution.label,
+            slot.isoformat(),
+            extra=self._extra(row),
+        )
 
     async def _run_at(self, execution: Execution, wait: float) -> None:
         """A row claimed ``wait`` seconds before its time: run it then. Cancelled before it
@@ -320,6 +382,8 @@ class Executor:
             if not self._prepare(execution):  # the catch-up policy runs none: submitted
                 self.running.release(execution)
                 return
+            if self._launch_failures:  # launching works again
+                self._launch_failures.pop(execution.row.key, None)
             if "execution_started" in self.observer.wants:
                 lag = (execution.started - execution.row.execution_time).total_seconds()
                 self.observer.execution_started(
@@ -349,7 +413,11 @@ class Executor:
             catch_up = self._catch_ups.get(row.task_name)
         execution.overlap = self._overlaps.get(row.task_name)
         row_time = row.execution_time
-        if execution.overlap is not None and execution.overlap.buffers:
+        # A pending buffered slot or retry is honoured whatever the job's policies are now
+        # (changed by a deploy or an edit since it was written): it was decided, and its
+        # slots accounted for (the slots it skipped named missed), when it was written; read
+        # as a slot of its own, its off-grid due time would run or name a slot twice.
+        if row.task_data is not None or execution.persistent is not None:
             if execution.persistent is None:
                 buffered = read_buffer_mark(row.task_data, row_time)
             else:
@@ -358,7 +426,7 @@ class Executor:
                 execution.catch_up, execution.plan = catch_up, SlotPlan(buffered.slot)
                 execution.slot, execution.buffered_through = buffered.slot, buffered.through
                 return True
-        if row.task_name in self._retrying:
+        if row.task_data is not None or execution.persistent is not None:
             spec = execution.persistent
             mark = read_mark(row.task_data, row_time) if spec is None else spec.retry_mark(row_time)
             if mark is not None:
@@ -400,8 +468,7 @@ class Executor:
         began = monotonic()
         try:
             if self.observer.scopes_executions:
-                async with self.observer.execution_scope(execution):  # e.g. its span (otel)
-                    error, cancelled = await self._call_job(execution)
+                error, cancelled = await self._call_scoped(execution)
             else:
                 error, cancelled = await self._call_job(execution)
         except Abandoned:
@@ -415,13 +482,19 @@ class Executor:
             if execution.overlap_timer is not None:
                 execution.overlap_timer.cancel()
                 execution.overlap_timer = None
+        execution.recording = True  # a stop request no longer cancels it (``request_stop``)
         execution.duration = monotonic() - began
         if together:
             await asyncio.sleep(0)
         if execution.settled is not None:
             self._after_commit(execution, error)
             return
-        if self._definitions is not None and not cancelled and execution.recurring:
+        if (  # execution.recurring, written out
+            self._definitions is not None
+            and not cancelled
+            and execution.schedule is not None
+            and row.task_instance == RECURRING_INSTANCE
+        ):
             if monotonic() >= self._definitions.fresh_until:
                 await self._newest_schedule(execution, self._definitions)
             execution.schedule = self.schedule_for(row.task_name) or execution.schedule
@@ -445,11 +518,39 @@ class Executor:
             cancelled=cancelled,
             fallback_delay=self.config.polling_interval,
         )
-        if execution.mark is not None and not await self._mark_retry(execution):
+        if (  # execution.mark, without its call when there is none
+            execution.retry_mark is not None or execution.buffer_mark is not None
+        ) and not await self._mark_retry(execution):
             finish = execution.without_retry(finish, execution.finished_at)
         if error is not None and not cancelled and row.task_name in self._pause_after:
             await self._pause_if_failing(execution, error)
         self.submit(finish, execution)
+
+    async def _call_scoped(self, execution: Execution) -> tuple[BaseException | None, bool]:
+        """``_call_job`` inside the observers' ``execution_scope``. Once the job returned,
+        its result is recorded whatever interrupts the scope's exit: a stop request finds it
+        recording (``request_stop`` refuses it), and a cancellation of the task there (a
+        shutdown's second phase) ends only the scope's exit, not the recording: the row
+        would stay picked, its slot run by nobody until revived as a dead execution."""
+        result: tuple[BaseException | None, bool] | None = None
+        try:
+            async with self.observer.execution_scope(execution):  # e.g. its span (otel)
+                result = await self._call_job(execution)
+                execution.recording = True
+        except asyncio.CancelledError:
+            if result is None:
+                raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                task.uncancel()
+            log.warning(
+                "%s: an observer's execution_scope was interrupted on exit; its result is "
+                "recorded all the same",
+                execution.label,
+                extra=self._extra(execution.row),
+            )
+        assert result is not None
+        return result
 
     def _pause_schedule_if_failing(self, execution: Execution, error: BaseException) -> None:
         """A schedule row's ``pause_after_failures()``: once reached, the spec its end writes
@@ -587,7 +688,28 @@ class Executor:
         """Run the job: (the exception it raised, whether it was cancelled at shutdown)."""
         # what ctx.transaction() opens, built on its first use (most jobs never open one)
         opener = None if self.transactions is None else partial(self._open, execution, [])
-        ctx = execution.context(self._stopping, opener)
+        row, spec = execution.row, execution.persistent
+        job = execution.job
+        # The context handed to ``execute``: the class called with its fields in their order
+        # (``execution_context``'s body: 15 keywords through a function cost ~2k instructions
+        # more per execution; tests/test_named_rows.py checks that each lands in its field).
+        ctx: ExecutionContext[Any] = ExecutionContext(
+            row.task_name,  # task_name
+            row.task_instance,  # task_instance
+            row.execution_time if execution.slot is None else execution.slot,  # execution_time
+            row.picked_by or "",  # picked_by
+            row.version,  # version
+            row.task_data if spec is None else spec.data_bytes(where=execution.label),  # task_data
+            execution.heartbeat,  # heartbeat_state
+            row.consecutive_failures or 0,  # consecutive_failures
+            self._stopping,  # shutting_down
+            execution.is_timed_out,  # timed_out
+            opener,  # transactions
+            execution.backfill,  # is_backfill
+            (JOB_KINDS.get(type(job)) or job_kind(job))[1],  # data_model
+            execution.attempt,  # attempt
+            execution.cancel_requested,  # cancel_check
+        )
         # only a typed job's data (or an unreadable schedule row) can park it
         if (execution.unfit is not None or ctx.data_model is not None) and (
             unfit := execution.unfit_data(ctx)
@@ -709,7 +831,8 @@ class Executor:
         _, pending = await asyncio.wait(tasks, timeout=seconds)
         if pending:
             for execution in self.running:
-                if execution.task in pending and execution.job.is_async:
+                # not one recording its result (the job returned): it ends by itself
+                if execution.task in pending and execution.job.is_async and not execution.recording:
                     execution.task.cancel()
             _, pending = await asyncio.wait(pending, timeout=seconds)
         for execution in self.running:

@@ -6,13 +6,22 @@ Around outages (docs/RELIABILITY.md, "Outages"): an instance never revives a row
 runs itself; a round whose heartbeat failed revives nothing, and the heartbeat is retried with
 backoff until it gets through; and after an outage (or a statement that hung) no row is judged
 dead until the database has worked for one heartbeat interval, so that every owner cut off by
-the same outage has heartbeated what it runs first."""
+the same outage has heartbeated what it runs first.
+
+Stalls (issue 31): a statement that blocks instead of failing (a Galera cluster holds every
+commit while it evicts a dead node; a lock held on the tables) is committed only when the
+stall ends, with the time it began as the heartbeat it stores (a heartbeat's, a claim's): the
+rows of every owner read as old as the stall. Every statement of the housekeeper and the
+poller's claims are timed; one that took longer than the stall threshold (a heartbeat interval,
+at least half the dead window) counts as a stall, after which no row is judged dead for that
+threshold, and the owner of what hung heartbeats it again at once."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from typing import TypeVar
 
 from ..domain.logs import library_logger
 from ..domain.rows import Own
@@ -29,6 +38,8 @@ from .running import Capacity, RunState
 __all__ = ["Housekeeper"]
 
 log = library_logger(__name__)
+
+T = TypeVar("T")
 
 _DEATH_MARGIN = 0.005
 """Seconds after the next death to look (the comparison in SQL is strict)."""
@@ -79,7 +90,9 @@ class Housekeeper:
         self._stall = max(
             config.heartbeat_interval.total_seconds(), config.dead_after.total_seconds() / 2
         )
-        """Seconds a heartbeat may take before it counts as a stall of the database."""
+        """Seconds a statement may take before it counts as a stall of the database; after
+        one, the time no row is judged dead (``may_judge``)."""
+        link.stall_after = self._stall
 
     async def run(self) -> None:
         """A round per heartbeat interval; in between, a dead-execution check at the moment
@@ -123,8 +136,16 @@ class Housekeeper:
             return await self._beat(loop, retry)
         self.next_death = None
         if self._may_revive() and self.may_judge():
-            await self.revive_dead()
+            await self._timed(self.revive_dead(), "a dead-execution check")
         return beat_again
+
+    async def _timed(self, call: Awaitable[T], where: str) -> T:
+        """Await ``call`` (a statement of ``where``); one that took longer than the stall
+        threshold counts as a stall of the database (``DatabaseLink.stall``)."""
+        began = self.link.clock.monotonic()
+        result = await call
+        self.link.stall(began, where)
+        return result
 
     async def _beat(self, loop: asyncio.AbstractEventLoop, retry: Backoff) -> float | None:
         """Heartbeat; the loop time of its retry when it failed (None: it got through)."""
@@ -139,17 +160,20 @@ class Housekeeper:
         ``_beat`` says (a failed heartbeat judges nobody this round)."""
         beat_again = await self._beat(loop, retry)
         if beat_again is None and len(self.running):
-            await self.stop_requested()
+            await self._timed(self.stop_requested(), "reading the requests to stop")
         if beat_again is not None or not self._may_revive():
             return beat_again
         # first: failover time does not wait for the others; a database that does not
         # answer it is not asked the rest of the round
-        if self.may_judge() and not await self.revive_dead():
+        if self.may_judge() and not await self._timed(self.revive_dead(), "a dead-execution check"):
             return None
-        await self.release_orphans()
-        await self.history.report_instance(self.state.started_at or self.link.now())
+        await self._timed(self.release_orphans(), "releasing orphaned claims")
+        await self._timed(
+            self.history.report_instance(self.state.started_at or self.link.now()),
+            "reporting this instance",
+        )
         if self.refresh_definitions is not None:
-            await self.refresh_definitions()
+            await self._timed(self.refresh_definitions(), "reading the job definitions")
         return None
 
     async def stop_requested(self) -> None:
@@ -203,22 +227,31 @@ class Housekeeper:
         """Whether this instance may judge other instances' executions dead now: its own last
         heartbeat got through (at start: after its first round), and, after an outage it saw
         (or a stall), the database has worked for a heartbeat interval since, so that every
-        owner cut off with it has had a round to heartbeat what it runs."""
+        owner cut off with it has had a round to heartbeat what it runs; after a stall (a
+        statement that took longer than the stall threshold), for that threshold: the writes
+        that hung were committed with the time they began, so the rows of owners that spoke up
+        during the stall read as old as it until they heartbeat again."""
         interval = self.config.heartbeat_interval.total_seconds()
-        return self._beaten and self.link.working_for() >= interval
+        return (
+            self._beaten
+            and self.link.working_for() >= interval
+            and self.link.since_stall() >= self._stall
+        )
 
     async def heartbeat(self) -> bool:
         """Heartbeat every execution this instance holds; False if the statement failed. One
-        that hung for half the dead window or more counts as an outage (peers may have been
-        cut off as long: ``DatabaseLink.stalled``)."""
+        that took longer than the stall threshold counts as a stall (peers may have been held
+        up as long: ``DatabaseLink.stall``), and is sent again at once: what it stored is the
+        time it began, as old as the stall."""
         executions = list(self.running)
         if not executions:
             self._beaten = True
             return True
-        clock = self.config.clock
+        clock = self.link.clock
         sent = clock.monotonic()  # when the database stores the heartbeats
+        owned = [e.owned for e in executions]
         try:
-            alive = await self.tasks.heartbeat([e.owned for e in executions])
+            alive = await self.tasks.heartbeat(owned)
         except Exception as error:
             self._beaten = False
             self.link.failed(error, "heartbeat")
@@ -226,9 +259,13 @@ class Housekeeper:
                 self._heartbeat_failed(execution)
             return False
         self.link.answered()
-        took = clock.monotonic() - sent
-        if took > self._stall:
-            self.link.stalled(took, "a heartbeat")
+        if self.link.stall(sent, "a heartbeat"):
+            again = clock.monotonic()
+            try:
+                alive = await self.tasks.heartbeat(owned)
+                sent = again
+            except Exception as error:
+                self.link.failed(error, "heartbeat")  # the stalled one got through
         self._beaten = True
         for execution in executions:
             if execution.row.key in alive:

@@ -113,13 +113,19 @@ def started_event(execution: Execution) -> ExecutionStarted:
     )
 
 
+_FAILED, _RELEASED, _DELETED = FinishKind.FAILED, FinishKind.RELEASED, FinishKind.DELETED
+"""Module globals: ``FinishKind.FAILED`` is a look-up through the enum's metaclass (once per
+finished execution here)."""
+
+
 def finished_event(execution: Execution, finish: Finish, recorded: bool) -> ExecutionFinished:
     """The event of an execution whose result the completer has just written."""
     row = execution.row
     failures: int | None = None
-    if recorded and finish.kind is FinishKind.FAILED:
+    kind = finish.kind
+    if recorded and kind is _FAILED:
         failures = (row.consecutive_failures or 0) + 1
-    elif recorded and finish.kind is not FinishKind.RELEASED:
+    elif recorded and kind is not _RELEASED:
         failures = 0
     return ExecutionFinished(
         task_name=row.task_name,
@@ -133,7 +139,7 @@ def finished_event(execution: Execution, finish: Finish, recorded: bool) -> Exec
         error=execution.error,
         version=row.version,
         picked_by=row.picked_by,
-        deleted=recorded and finish.kind is FinishKind.DELETED,
+        deleted=recorded and kind is _DELETED,
     )
 
 

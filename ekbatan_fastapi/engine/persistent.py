@@ -56,7 +56,7 @@ async def count_run(rows: ScheduleRows, execution: Execution, caller: Caller | N
     old = execution.row.task_data
     owned = execution.owned
     for _ in range(_ATTEMPTS):
-        counted = spec.counted(slot=execution.retry_of is None)
+        counted = spec.counted(slot=execution.retry_of is None, at=execution.execution_time)
         try:
             if await rows.count_run(owned, old, counted.encode(where=execution.label), caller):
                 execution.persistent = counted

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..domain.clock import Clock
 from ..domain.logs import library_logger
-from ..domain.rows import PollingStrategy, PollResult
+from ..domain.rows import Owned, PollingStrategy, PollResult, TaskRow
 from ..domain.schedule import Schedule
 from ..store.database import Diagnosis
 from ..store.limited import Limit, poll_limited
@@ -350,7 +350,21 @@ class Poller:
         else:
             link.observed(result.db_now, sent)
         self.state.last_poll = result.db_now
+        if link.stall(began, "a claim") and result.claimed:
+            await self._beat_claimed(result.claimed)
         return result
+
+    async def _beat_claimed(self, rows: Sequence[TaskRow]) -> None:
+        """A claim that stalled (a Galera node's eviction holds every commit of the cluster)
+        was committed only now, with the time its statement began as the rows' heartbeat: as
+        old as the stall, dead to a peer that judges at once. Heartbeat them now, before they
+        are launched (their executions' own heartbeats start with the next round)."""
+        try:
+            await self.tasks.heartbeat(
+                [Owned(r.task_name, r.task_instance, r.version) for r in rows]
+            )
+        except Exception as error:
+            self.link.failed(error, "heartbeat")
 
     def _polled(self, result: PollResult, began: float) -> None:
         """Tell the observers that wait for it how the poll went."""
@@ -565,6 +579,11 @@ class DatabaseLink:
         self.recoveries = 0
         """Outages that ended (an answer came after one)."""
         self._on_recovery: list[Callable[[], None]] = []
+        self.stall_after = math.inf
+        """Seconds a statement may take before its answer counts as a stall of the database
+        (``stall``; the scheduler sets it from its heartbeat settings)."""
+        self._stalled_at: float | None = None
+        """Monotonic time the last stall ended (None: none seen)."""
 
     def on_recovery(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` whenever an answer ends an outage (a loop backing off may try
@@ -581,16 +600,36 @@ class DatabaseLink:
             return 0.0
         return max(0.0, self.clock.monotonic() - self._working_since)
 
+    def since_stall(self) -> float:
+        """Seconds since the last stall ended (``stalled``; infinite when none was seen)."""
+        if self._stalled_at is None:
+            return math.inf
+        return max(0.0, self.clock.monotonic() - self._stalled_at)
+
+    def stall(self, began: float, where: str) -> bool:
+        """A statement of ``where`` sent at monotonic time ``began`` got its answer now: when
+        it took longer than ``stall_after``, count it as a stall (``stalled``). Whether it
+        did."""
+        took = self.clock.monotonic() - began
+        if took <= self.stall_after:
+            return False
+        self.stalled(took, where)
+        return True
+
     def stalled(self, seconds: float, where: str) -> None:
         """A statement of ``where`` got its answer only after ``seconds``: the database (or
-        the way to it) hung meanwhile, for peers too; count it as an outage that ended now."""
+        the way to it) hung meanwhile, for peers too; count it as an outage that ended now.
+        Writes that hung meanwhile (a heartbeat, a claim) were committed only now, each with
+        the time its statement began: a peer's rows read as old as the stall."""
         self.outages += 1
-        self._working_since = self.clock.monotonic()
+        self._working_since = self._stalled_at = self.clock.monotonic()
         log.warning(
-            "scheduler %s: %s took %.1fs; judging no execution dead for one heartbeat interval",
+            "scheduler %s: %s took %.1fs (the database stalled); judging no execution dead "
+            "for %.1fs",
             self.name,
             where,
             seconds,
+            self.stall_after,
             extra={"scheduler": self.name},
         )
 

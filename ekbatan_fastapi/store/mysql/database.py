@@ -192,12 +192,16 @@ class MySQLDatabase(Database):
         return mysql.insert(table).values(values).on_duplicate_key_update(update)
 
     async def transaction(
-        self, work: Callable[[AsyncConnection], Awaitable[T]], *, read_committed: bool = True
+        self,
+        work: Callable[[AsyncConnection], Awaitable[T]],
+        *,
+        read_committed: bool = True,
+        attempts: int = CONFLICT_RETRIES,
     ) -> T:
-        """Run ``work`` in one transaction and commit; a deadlock victim is run again. Every
-        transaction of ours runs at ``READ COMMITTED`` (see ``rowcount``, and the module's
-        note on range scans)."""
-        for attempt in range(1, CONFLICT_RETRIES + 1):
+        """Run ``work`` in one transaction and commit; a deadlock victim is run again (up to
+        ``attempts`` in all; the last one's error is raised). Every transaction of ours runs
+        at ``READ COMMITTED`` (see ``rowcount``, and the module's note on range scans)."""
+        for attempt in range(1, attempts + 1):
             try:
                 async with self.connect() as conn:
                     if read_committed and self.read_committed is not None:
@@ -206,7 +210,7 @@ class MySQLDatabase(Database):
                     await conn.commit()
                     return result
             except DBAPIError as error:
-                if errno(error) != ER_LOCK_DEADLOCK or attempt == CONFLICT_RETRIES:
+                if errno(error) != ER_LOCK_DEADLOCK or attempt >= attempts:
                     raise
             await after_conflict(self, attempt)  # a new connection for the next attempt
         raise AssertionError("unreachable")

@@ -543,12 +543,22 @@ class MySQLTaskStore(TaskStore):
         self, candidates: list[tuple[str, str, int]], dead_us: int
     ) -> list[TaskRow]:
         """Lock the candidates in key order (skipping those another transaction holds),
-        check again that they are dead at the version seen, and unpick them."""
+        check again that they are dead at the version seen, and unpick them. A write conflict
+        (error 1213: on Galera, a write to these rows committed first on another node, e.g.
+        their owner's heartbeat held up with this revival by the same stall) is not run again:
+        it would judge the rows by a heartbeat stored with the time its statement began, as old
+        as the stall; the next check looks again."""
 
         async def run(conn: AsyncConnection) -> list[TaskRow]:
             return await self._lock_and_release(conn, candidates, dead_us)
 
-        return await self.db.transaction(run, read_committed=True)
+        try:
+            return await self.db.transaction(run, read_committed=True, attempts=1)
+        except DBAPIError as error:
+            if errno(error) != ER_LOCK_DEADLOCK:
+                raise
+            self.db.write_conflicts += 1
+            return []
 
     async def _lock_and_release(
         self, conn: AsyncConnection, candidates: list[tuple[str, str, int]], dead_us: int
