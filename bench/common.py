@@ -444,6 +444,33 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """The machine's CPU time from ``/proc/stat``: (all, idle + iowait), in ticks; None where
+    it cannot be read."""
+    try:
+        with open("/proc/stat") as stat:
+            values = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(values), values[3] + values[4]
+
+
+def busy_since(before: tuple[int, int] | None) -> float | None:
+    """The machine's busy share of its CPU time since ``before`` (a ``cpu_times()``); None
+    where either reading is missing or no tick passed."""
+    after = cpu_times()
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return 1.0 - (after[1] - before[1]) / (after[0] - before[0])
+
+
+async def cpu_busy(sample: float = 0.5) -> float | None:
+    """The machine's CPU busy fraction over ``sample`` seconds (None off Linux)."""
+    before = cpu_times()
+    await asyncio.sleep(sample)
+    return busy_since(before)
+
+
 class Child:
     """A harness worker process: line protocol on stdout, stderr to a log file."""
 

@@ -202,7 +202,7 @@ async def peer_throughput(
                 await asyncio.gather(*(c.expect("ready", 120.0) for c in children))
                 await asyncio.gather(*(c.send("go") for c in children))
                 go = time.monotonic()
-                cpu_at_go = _cpu_times()
+                cpu_at_go = common.cpu_times()
                 seen_empty: float | None = None
                 while time.monotonic() - go < timeout:
                     await asyncio.sleep(0.05)
@@ -212,7 +212,7 @@ async def peer_throughput(
                     if any(c.proc.returncode is not None for c in children):
                         errors.append("a worker exited during the run")
                         break
-                busy_during = _busy_since(cpu_at_go)
+                busy_during = common.busy_since(cpu_at_go)
                 if seen_empty is None:
                     errors.append(f"not drained within {timeout:.0f} s")
                 await asyncio.sleep(0.2)  # let drain-mode workers return by themselves
@@ -257,22 +257,6 @@ async def peer_throughput(
         errors=errors,
         busy_during=busy_during,
     )
-
-
-def _cpu_times() -> tuple[int, int] | None:
-    try:
-        with open("/proc/stat") as stat:
-            values = [int(v) for v in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return sum(values), values[3] + values[4]
-
-
-def _busy_since(before: tuple[int, int] | None) -> float | None:
-    after = _cpu_times()
-    if before is None or after is None or after[0] <= before[0]:
-        return None
-    return 1.0 - (after[1] - before[1]) / (after[0] - before[0])
 
 
 def _pgqueuer_slots(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -143,7 +143,7 @@ async def _section(
     work: Callable[[], Awaitable[Any]],
 ) -> None:
     """Run one section; record its result, its time and the machine's load before it."""
-    busy = await _busy()
+    busy = await common.cpu_busy(1.0)
     began = time.monotonic()
     print(
         f"\n=== {name} (machine busy {busy:.0%} before)" if busy is not None else f"\n=== {name}",
@@ -156,23 +156,6 @@ async def _section(
         print(f"!!! {name} failed: {exc}", flush=True)
     results.setdefault("timings", {})[name] = round(time.monotonic() - began, 1)
     results.setdefault("load_before", {})[name] = busy
-
-
-async def _busy(sample: float = 1.0) -> float | None:
-    def times() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as stat:
-                values = [int(v) for v in stat.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        return sum(values), values[3] + values[4]
-
-    before = times()
-    await asyncio.sleep(sample)
-    after = times()
-    if before is None or after is None or after[0] == before[0]:
-        return None
-    return 1.0 - (after[1] - before[1]) / (after[0] - before[0])
 
 
 async def ours_throughput(

@@ -50,9 +50,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 try:
-    from bench.common import check_local, other_service_rows
+    from bench.common import check_local, cpu_busy, cpu_times, other_service_rows
 except ImportError:  # run as a script: bench/ is on sys.path
-    from common import check_local, other_service_rows  # type: ignore[no-redef]
+    from common import (  # type: ignore[no-redef]
+        check_local,
+        cpu_busy,
+        cpu_times,
+        other_service_rows,
+    )
 
 T = TypeVar("T")
 THIS_FILE = Path(__file__).resolve()
@@ -523,7 +528,7 @@ class CpuWatch:
     def __init__(self, roots: set[int], server: set[int]) -> None:
         self.roots = roots | {os.getpid()}
         self.server = set(server)
-        self._machine = _cpu_times()
+        self._machine = cpu_times()
         self._ours = self._our_ticks()
 
     def _our_ticks(self) -> dict[int, int]:
@@ -535,7 +540,7 @@ class CpuWatch:
         """(the machine's busy fraction, foreign CPU in cores) since construction;
         ``server``: the server processes that serve us now (added to those at the start)."""
         self.server |= server
-        machine, ours = _cpu_times(), self._our_ticks()
+        machine, ours = cpu_times(), self._our_ticks()
         if self._machine is None or machine is None or machine[0] <= self._machine[0]:
             return None, None
         total = machine[0] - self._machine[0]
@@ -567,25 +572,6 @@ async def server_pids(engine: AsyncEngine) -> set[int]:
             )
         )
         return {int(row[0]) for row in rows}
-
-
-def _cpu_times() -> tuple[int, int] | None:
-    try:
-        with open("/proc/stat") as stat:
-            values = [int(v) for v in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return sum(values), values[3] + values[4]  # total, idle + iowait
-
-
-async def cpu_busy(sample: float = 0.5) -> float | None:
-    """The machine's CPU busy fraction over ``sample`` seconds (None off Linux)."""
-    before = _cpu_times()
-    await asyncio.sleep(sample)
-    after = _cpu_times()
-    if before is None or after is None or after[0] == before[0]:
-        return None
-    return 1.0 - (after[1] - before[1]) / (after[0] - before[0])
 
 
 async def settle(limit: float) -> float | None:

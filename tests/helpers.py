@@ -10,19 +10,23 @@ from pathlib import Path
 from typing import Any
 
 import hypothesis
-from sqlalchemy import text
+from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import (
+    CatchUp,
     DistributedJob,
     ExecutionContext,
     Job,
     JobRegistry,
     OneTimeJob,
+    Overlap,
     Schedule,
     SchedulerBuilder,
     SchedulerObserver,
+    Schedules,
     job_registry,
+    scheduled_tasks,
 )
 from ekbatan_fastapi.engine.config import default_scheduler_name
 
@@ -131,6 +135,121 @@ class RecordingJob(DistributedJob):
             await self.block.wait()
         if self.fail:
             raise RuntimeError(f"{self._name} failed on purpose")
+
+
+class CatchUpJob(RecordingJob):
+    """A ``RecordingJob`` with a catch-up policy (``CatchUp.latest()`` unless given) and,
+    optionally, its own ``record_missed_slots`` answer (None: as the setting says; a test of
+    bad answers gives any value)."""
+
+    def __init__(
+        self,
+        name: str,
+        schedule: Schedule,
+        catch_up: CatchUp | None = None,
+        record: Any = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(name, schedule, **options)
+        self.policy = catch_up or CatchUp.latest()
+        self.record = record
+
+    def catch_up(self) -> CatchUp:
+        return self.policy
+
+    def record_missed_slots(self) -> bool | None:
+        return self.record  # type: ignore[no-any-return]
+
+
+class MissedSlots(SchedulerObserver):
+    """Records the ``slot_missed`` events and the ``missed_streak`` figures it is told."""
+
+    def __init__(self) -> None:
+        self.slots: list[tuple[str, str, datetime, str]] = []
+        self.streaks: list[tuple[str, str, int]] = []
+
+    def slot_missed(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
+        self.slots.append((task_name, task_instance, slot, reason))
+
+    def missed_streak(self, task_name: str, task_instance: str, consecutive: int) -> None:
+        self.streaks.append((task_name, task_instance, consecutive))
+
+
+async def put_row(
+    engine: AsyncEngine,
+    name: str,
+    at: datetime,
+    *,
+    instance: str = "recurring",
+    data: bytes | None = None,
+) -> None:
+    """Insert a task row due at ``at`` (unpicked, version 1, priority 0), as if a scheduler
+    had left it there: a test puts it before any scheduler starts."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(scheduled_tasks).values(
+                task_name=name,
+                task_instance=instance,
+                task_data=data,
+                execution_time=at,
+                picked=False,
+                version=1,
+                priority=0,
+            )
+        )
+
+
+async def downtime(
+    engine: AsyncEngine,
+    name: str,
+    behind: int,
+    step: timedelta = timedelta(hours=1),
+    *,
+    whole_minute: bool = False,
+) -> datetime:
+    """Downtime as the database sees it: the recurring row of ``name``, ``behind`` slots of
+    ``step`` (and a sixtieth of a step) behind the database clock, put before a scheduler
+    starts; ``whole_minute`` drops its seconds. Returns the row's time."""
+    at = await db_now(engine) - behind * step - step / 60
+    if whole_minute:
+        at = at.replace(second=0, microsecond=0)
+    await put_row(engine, name, at)
+    return at
+
+
+class Stubborn(DistributedJob):
+    """Every ``step`` (1 s unless given), ``Overlap.cancel_other``; its first run would never
+    end (``first`` is set when it starts, ``saw_cancel`` when it is stopped), the next ones
+    return at once (``second`` is set)."""
+
+    def __init__(self, name: str = "stubborn", step: timedelta = timedelta(seconds=1)) -> None:
+        self._name = name
+        self.step = step
+        self.slots: list[datetime] = []
+        self.first = asyncio.Event()
+        self.second = asyncio.Event()
+        self.saw_cancel = False
+
+    def name(self) -> str:
+        return self._name
+
+    def schedule(self) -> Schedule:
+        return Schedules.fixed_rate(self.step)
+
+    def overlap(self) -> Overlap:
+        return Overlap.cancel_other()
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        self.slots.append(ctx.execution_time)
+        if len(self.slots) > 1:
+            self.second.set()
+            return
+        self.first.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.saw_cancel = True
+            raise
 
 
 class CountingJob(OneTimeJob):
@@ -280,6 +399,25 @@ class Worker:
         if self.process.returncode is None:
             self.process.kill()
         await self.process.wait()
+
+
+async def run_bench(script: str, url: str, timeout: float) -> tuple[int | None, str]:
+    """Run ``bench/<script> --quick --url <url>`` in its own process, from the repository's
+    root; its exit code and its output (stdout and stderr together)."""
+    import sys
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(Path(_ROOT) / "bench" / script),
+        "--quick",
+        "--url",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=_ROOT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), timeout)
+    return process.returncode, out.decode()
 
 
 class TcpProxy:

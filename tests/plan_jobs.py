@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from ekbatan_fastapi import DistributedJob, ExecutionContext, Schedule, Schedules
 
 
@@ -28,3 +33,17 @@ JOBS_B = [Rolling(B), Rolling("CRON|0 0 * * *", name="new-nightly")]
 
 def jobs_b() -> list[DistributedJob]:
     return list(JOBS_B)
+
+
+async def rolling_row(engine: AsyncEngine) -> tuple[datetime, int]:
+    """The ``rolling`` task's row: its execution time and its version."""
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT execution_time, version FROM scheduled_tasks "
+                    "WHERE task_name = 'rolling'"
+                )
+            )
+        ).one()
+    return row[0], row[1]

@@ -4,32 +4,18 @@ the table; the stub answered the check-ins. No timing is asserted."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.bench_smoke
+from .helpers import run_bench
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.bench_smoke
 
 
 async def test_missed_cost_harness_runs_every_variant(postgres_server_url: str) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(ROOT / "bench" / "missed_cost.py"),
-        "--quick",
-        "--url",
-        postgres_server_url,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        cwd=ROOT,
-    )
-    out, _ = await asyncio.wait_for(process.communicate(), 480)
-    text = out.decode()
-    assert process.returncode == 0, text[-3000:]
+    returncode, text = await run_bench("missed_cost.py", postgres_server_url, 480)
+    assert returncode == 0, text[-3000:]
     for variant in ("default", "no-missed", "checkins"):
         assert f"| {variant} |" in text, text[-2000:]
     pings = re.search(r"repeat 1 checkins: .* pings answered (\d+)", text)

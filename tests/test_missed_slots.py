@@ -20,68 +20,24 @@ from ekbatan_fastapi import (
     ConfigurationError,
     ExecutionContext,
     JobRegistry,
-    Schedule,
     Schedules,
     scheduled_tasks,
 )
 from ekbatan_fastapi.domain.catchup import MISSED_SLOTS_NAMED
-from ekbatan_fastapi.engine.observer import SchedulerObserver
 from ekbatan_fastapi.store.tables import Tables
 
-from .helpers import RecordingJob, RegistryFactory, db_now, wait_until
+from .helpers import (
+    CatchUpJob,
+    MissedSlots,
+    RecordingJob,
+    RegistryFactory,
+    db_now,
+    downtime,
+    wait_until,
+)
 
 HOUR = timedelta(hours=1)
 MINUTE = timedelta(minutes=1)
-
-
-class MissJob(RecordingJob):
-    def __init__(
-        self,
-        name: str,
-        schedule: Schedule,
-        catch_up: CatchUp | None = None,
-        record: Any = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(name, schedule, **options)
-        self.policy = catch_up or CatchUp.latest()
-        self.record = record
-
-    def catch_up(self) -> CatchUp:
-        return self.policy
-
-    def record_missed_slots(self) -> bool | None:
-        return self.record  # type: ignore[no-any-return]
-
-
-class Missed(SchedulerObserver):
-    def __init__(self) -> None:
-        self.slots: list[tuple[str, str, datetime, str]] = []
-        self.streaks: list[tuple[str, str, int]] = []
-
-    def slot_missed(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
-        self.slots.append((task_name, task_instance, slot, reason))
-
-    def missed_streak(self, task_name: str, task_instance: str, consecutive: int) -> None:
-        self.streaks.append((task_name, task_instance, consecutive))
-
-
-async def _downtime(
-    engine: AsyncEngine, name: str, behind: int, step: timedelta = HOUR
-) -> datetime:
-    at = await db_now(engine) - behind * step - step / 60
-    async with engine.begin() as conn:
-        await conn.execute(
-            insert(scheduled_tasks).values(
-                task_name=name,
-                task_instance="recurring",
-                execution_time=at,
-                picked=False,
-                version=1,
-                priority=0,
-            )
-        )
-    return at
 
 
 def _utc(at: datetime) -> datetime:
@@ -120,9 +76,9 @@ async def test_slots_merged_by_catch_up_latest_are_named_with_their_reason(
 ) -> None:
     from ekbatan_fastapi.metrics import EkbatanMetrics
 
-    row = await _downtime(any_engine, "nightly", 5)
-    seen, metrics = Missed(), EkbatanMetrics()
-    job = MissJob("nightly", Schedules.fixed_rate(HOUR))
+    row = await downtime(any_engine, "nightly", 5)
+    seen, metrics = MissedSlots(), EkbatanMetrics()
+    job = CatchUpJob("nightly", Schedules.fixed_rate(HOUR))
     registry = await any_registries.start(
         job, customize=lambda b: b.observer(seen).observer(metrics)
     )
@@ -151,9 +107,9 @@ async def test_a_slot_that_runs_ends_the_streak(
 ) -> None:
     from ekbatan_fastapi.metrics import EkbatanMetrics
 
-    await _downtime(any_engine, "often", 3, step=timedelta(seconds=1))
+    await downtime(any_engine, "often", 3, step=timedelta(seconds=1))
     metrics = EkbatanMetrics()
-    job = MissJob("often", Schedules.fixed_rate(timedelta(seconds=1)))
+    job = CatchUpJob("often", Schedules.fixed_rate(timedelta(seconds=1)))
     registry = await any_registries.start(job, customize=lambda b: b.observer(metrics))
     await _missed(any_engine, "often", 3)
     await wait_until(lambda: len(job.slots) >= 3, what="two more runs on time")
@@ -171,7 +127,7 @@ async def test_slots_passed_while_a_run_was_going_are_named_overlap(
 ) -> None:
     step = timedelta(milliseconds=100)
     release = asyncio.Event()
-    job = MissJob("long", Schedules.fixed_rate(step), block=release)
+    job = CatchUpJob("long", Schedules.fixed_rate(step), block=release)
     await any_registries.start(job)
     await job.started.wait()
     begun = await db_now(any_engine)
@@ -191,9 +147,9 @@ async def test_slots_passed_while_a_run_was_going_are_named_overlap(
 async def test_at_most_the_newest_hundred_are_named_and_one_record_counts_the_rest(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
-    row = await _downtime(any_engine, "minutely", 150, step=MINUTE)
-    seen = Missed()
-    job = MissJob("minutely", Schedules.fixed_rate(MINUTE))
+    row = await downtime(any_engine, "minutely", 150, step=MINUTE)
+    seen = MissedSlots()
+    job = CatchUpJob("minutely", Schedules.fixed_rate(MINUTE))
     await any_registries.start(job, customize=lambda b: b.observer(seen))
     missed = await _missed(any_engine, "minutely", MISSED_SLOTS_NAMED + 1)
     assert len(missed) == MISSED_SLOTS_NAMED + 1
@@ -207,8 +163,8 @@ async def test_at_most_the_newest_hundred_are_named_and_one_record_counts_the_re
 async def test_catch_up_skip_names_each_skipped_slot_and_the_streak_adds_up(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
-    row = await _downtime(any_engine, "billing", 5)
-    job = MissJob("billing", Schedules.fixed_rate(HOUR), CatchUp.skip(timedelta(seconds=10)))
+    row = await downtime(any_engine, "billing", 5)
+    job = CatchUpJob("billing", Schedules.fixed_rate(HOUR), CatchUp.skip(timedelta(seconds=10)))
     registry = await any_registries.start(job)
     missed = await _missed(any_engine, "billing", 6)
     assert job.slots == []
@@ -226,9 +182,9 @@ async def test_catch_up_skip_names_each_skipped_slot_and_the_streak_adds_up(
 async def test_recording_can_be_turned_off_per_job_or_by_the_setting(
     any_registries: RegistryFactory, any_engine: AsyncEngine, how: str
 ) -> None:
-    await _downtime(any_engine, "quiet", 3)
-    seen = Missed()
-    job = MissJob("quiet", Schedules.fixed_rate(HOUR), record=False if how == "job" else None)
+    await downtime(any_engine, "quiet", 3)
+    seen = MissedSlots()
+    job = CatchUpJob("quiet", Schedules.fixed_rate(HOUR), record=False if how == "job" else None)
 
     def customize(b: Any) -> None:
         b.observer(seen)
@@ -258,8 +214,8 @@ async def test_recording_can_be_turned_off_per_job_or_by_the_setting(
 async def test_a_job_that_turns_it_on_overrides_the_setting(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
-    await _downtime(any_engine, "loud", 2)
-    job = MissJob("loud", Schedules.fixed_rate(HOUR), record=True)
+    await downtime(any_engine, "loud", 2)
+    job = CatchUpJob("loud", Schedules.fixed_rate(HOUR), record=True)
     await any_registries.start(job, customize=lambda b: b.record_missed_slots(False))
     assert len(await _missed(any_engine, "loud", 2)) == 2
 
@@ -267,7 +223,7 @@ async def test_a_job_that_turns_it_on_overrides_the_setting(
 async def test_bad_record_missed_slots_names_the_value_and_the_fix(
     registries: RegistryFactory,
 ) -> None:
-    job = MissJob("bad", Schedules.fixed_rate(HOUR), record="yes")
+    job = CatchUpJob("bad", Schedules.fixed_rate(HOUR), record="yes")
     with pytest.raises(ConfigurationError, match=r"record_missed_slots\(\) must return True"):
         await registries.start(job)
 
@@ -316,8 +272,8 @@ async def test_time_machine_answers_why_two_am_did_not_run(any_database: Any) ->
     from ekbatan_fastapi.client.read_model import ReadModel
     from ekbatan_fastapi.testing import TimeMachine
 
-    job = MissJob("nightly", Schedules.daily(time(2, 0)))
-    seen = Missed()
+    job = CatchUpJob("nightly", Schedules.daily(time(2, 0)))
+    seen = MissedSlots()
     async with TimeMachine(
         [job],
         any_database.url,
@@ -381,7 +337,7 @@ def test_missed_records_name_the_newest_and_count_the_rest() -> None:
     first = datetime(2026, 12, 1, tzinfo=UTC)
     row = TaskRow("often", "recurring", None, first, True, "me", None, None, 0, None, 1, 0)
     heartbeat = HeartbeatState(MINUTE, HOUR)
-    job = MissJob("often", Schedules.fixed_rate(MINUTE))
+    job = CatchUpJob("often", Schedules.fixed_rate(MINUTE))
     execution = Execution(row, job, heartbeat, first, Schedules.fixed_rate(MINUTE))
     spans = [
         PassedSlots(first + MINUTE, first + 10 * MINUTE, 10, SlotReason.COALESCED, why="late"),
@@ -459,7 +415,7 @@ def test_the_streaks_kept_in_memory_are_bounded() -> None:
 
     first = datetime(2026, 12, 1, tzinfo=UTC)
     schedule = Schedules.fixed_rate(MINUTE)
-    job = MissJob("often", schedule)
+    job = CatchUpJob("often", schedule)
     observer = SimpleNamespace(wants=frozenset())
     counter = slots.SlotCounter(None, None, observer)  # type: ignore[arg-type]
     span = PassedSlots(first + MINUTE, first + MINUTE, 1, SlotReason.OVERLAP, why="run")

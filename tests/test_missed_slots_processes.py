@@ -8,14 +8,13 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ekbatan_fastapi import scheduled_tasks
 from ekbatan_fastapi.store.tables import Tables
 
 from .conftest import Database
-from .helpers import Worker, db_now, wait_until
+from .helpers import Worker, db_now, put_row, wait_until
 from .proc_worker import LEDGERS, ledger
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -29,17 +28,7 @@ async def test_three_processes_name_each_missed_slot_once(
     async with any_engine.begin() as conn:
         await conn.run_sync(LEDGERS.create_all, tables=[ledger])
     row = await db_now(any_engine) - 30 * MINUTE - timedelta(seconds=1)
-    async with any_engine.begin() as conn:
-        await conn.execute(
-            insert(scheduled_tasks).values(
-                task_name="missing",
-                task_instance="recurring",
-                execution_time=row,
-                picked=False,
-                version=1,
-                priority=0,
-            )
-        )
+    await put_row(any_engine, "missing", row)
     args = ["--heartbeat", "1.0", "--poll", "0.3"]
     if any_database.override:
         args += ["--dialect", any_database.override]

@@ -34,7 +34,7 @@ from ekbatan_fastapi.domain.catchup import PassedSlots, SlotReason, after_run
 from ekbatan_fastapi.testing import TimeMachine
 
 from .conftest import Database
-from .helpers import RegistryFactory, Worker, wait_until
+from .helpers import RegistryFactory, Stubborn, Worker, wait_until
 from .proc_worker import LEDGERS, overlap_runs
 
 START = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
@@ -208,38 +208,6 @@ async def test_buffer_one_skips_the_other_overlapped_slots_and_keeps_the_grid(
 
 
 # -- cancel_other, on real schedulers ---------------------------------------------------------
-
-
-class Stubborn(DistributedJob):
-    """Every second; its first run would never end, the next ones return at once."""
-
-    def __init__(self, name: str = "stubborn") -> None:
-        self._name = name
-        self.slots: list[datetime] = []
-        self.first = asyncio.Event()
-        self.second = asyncio.Event()
-        self.saw_cancel = False
-
-    def name(self) -> str:
-        return self._name
-
-    def schedule(self) -> Schedule:
-        return Schedules.fixed_rate(timedelta(seconds=1))
-
-    def overlap(self) -> Overlap:
-        return Overlap.cancel_other()
-
-    async def execute(self, ctx: ExecutionContext) -> None:
-        self.slots.append(ctx.execution_time)
-        if len(self.slots) > 1:
-            self.second.set()
-            return
-        self.first.set()
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            self.saw_cancel = True
-            raise
 
 
 async def test_cancel_other_stops_the_running_execution_when_its_next_slot_is_due(

@@ -11,39 +11,36 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import (
     DistributedJob,
     ExecutionContext,
+    Job,
     Overlap,
     PersistentScheduleJob,
     Schedule,
     Schedules,
-    scheduled_tasks,
 )
 from ekbatan_fastapi.client.read_model import ReadModel
-from ekbatan_fastapi.engine.observer import SchedulerObserver
 from ekbatan_fastapi.testing import TimeMachine
 
 from .conftest import Database
-from .helpers import RegistryFactory, db_now, wait_until
+from .helpers import MissedSlots, RegistryFactory, Stubborn, db_now, put_row, wait_until
 
 START = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 
 
-class Seen(SchedulerObserver):
-    def __init__(self) -> None:
-        self.slots: list[tuple[str, str, datetime, str]] = []
-        self.streaks: list[tuple[str, str, int]] = []
-
-    def slot_missed(self, task_name: str, task_instance: str, slot: datetime, reason: str) -> None:
-        self.slots.append((task_name, task_instance, slot, reason))
-
-    def missed_streak(self, task_name: str, task_instance: str, consecutive: int) -> None:
-        self.streaks.append((task_name, task_instance, consecutive))
+def _machine(job: Job, database: Database, seen: MissedSlots) -> TimeMachine:
+    """A ``TimeMachine`` of ``job`` at ``START`` on ``database``, telling ``seen``."""
+    return TimeMachine(
+        [job],
+        database.url,
+        start=START,
+        dialect=database.override,
+        customize=lambda b: b.observer(seen),
+    )
 
 
 class Overruns(DistributedJob):
@@ -73,14 +70,8 @@ class Overruns(DistributedJob):
 async def test_buffer_one_runs_the_first_overlapped_slot_and_records_the_others_missed(
     any_database: Database,
 ) -> None:
-    job, seen = Overruns(), Seen()
-    async with TimeMachine(
-        [job],
-        any_database.url,
-        start=START,
-        dialect=any_database.override,
-        customize=lambda b: b.observer(seen),
-    ) as tm:
+    job, seen = Overruns(), MissedSlots()
+    async with _machine(job, any_database, seen) as tm:
         job.tm = tm
         ran = await tm.run_due()
         assert [r.execution_time for r in ran] == [START, START + HOUR]
@@ -141,14 +132,8 @@ class Reports(PersistentScheduleJob):
 async def test_a_schedule_records_the_slots_its_overlap_policy_passed_over(
     any_database: Database, policy: Overlap, ran: list[datetime], missed: list[int]
 ) -> None:
-    job, seen = Reports(policy), Seen()
-    async with TimeMachine(
-        [job],
-        any_database.url,
-        start=START,
-        dialect=any_database.override,
-        customize=lambda b: b.observer(seen),
-    ) as tm:
+    job, seen = Reports(policy), MissedSlots()
+    async with _machine(job, any_database, seen) as tm:
         job.tm = tm
         await tm.client.create_schedule("reports", "acme", "FIXED_RATE|PT1H", start_at=START)
         await tm.run_due()
@@ -167,30 +152,6 @@ async def test_a_schedule_records_the_slots_its_overlap_policy_passed_over(
         assert info.runs == len(ran)
 
 
-class Stubborn(DistributedJob):
-    """Every 2 s, ``Overlap.cancel_other``; its first run would never end."""
-
-    def __init__(self) -> None:
-        self.slots: list[datetime] = []
-        self.second = asyncio.Event()
-
-    def name(self) -> str:
-        return "stubborn-late"
-
-    def schedule(self) -> Schedule:
-        return Schedules.fixed_rate(timedelta(seconds=2))
-
-    def overlap(self) -> Overlap:
-        return Overlap.cancel_other()
-
-    async def execute(self, ctx: ExecutionContext) -> None:
-        self.slots.append(ctx.execution_time)
-        if len(self.slots) > 1:
-            self.second.set()
-            return
-        await asyncio.sleep(3600)
-
-
 async def test_cancel_other_records_the_cancelled_run_and_counts_nothing_twice(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
@@ -200,18 +161,8 @@ async def test_cancel_other_records_the_cancelled_run_and_counts_nothing_twice(
     of ``missed`` records."""
     step = timedelta(seconds=2)
     row = await db_now(any_engine) - 2 * step - step / 20
-    async with any_engine.begin() as conn:
-        await conn.execute(
-            insert(scheduled_tasks).values(
-                task_name="stubborn-late",
-                task_instance="recurring",
-                execution_time=row,
-                picked=False,
-                version=1,
-                priority=0,
-            )
-        )
-    job, seen = Stubborn(), Seen()
+    await put_row(any_engine, "stubborn-late", row)
+    job, seen = Stubborn("stubborn-late", step=step), MissedSlots()
     registry = await any_registries.start(job, customize=lambda b: b.observer(seen))
     await asyncio.wait_for(job.second.wait(), 30)
     first, due = job.slots[0], job.slots[1]

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import (
@@ -29,7 +29,7 @@ from ekbatan_fastapi.engine.observer import SchedulerObserver
 from ekbatan_fastapi.store.tables import Tables
 
 from .conftest import Database
-from .helpers import Polls, RegistryFactory, Worker, db_now, wait_until
+from .helpers import Polls, RegistryFactory, Worker, db_now, put_row, wait_until
 from .proc_worker import LEDGERS, attempts
 
 HOUR = timedelta(hours=1)
@@ -89,21 +89,6 @@ class FlakyJob(DistributedJob):
                 await conn.execute(text("SELECT 1"))
 
 
-async def _put_row(engine: AsyncEngine, at: datetime, data: bytes | None = None) -> None:
-    async with engine.begin() as conn:
-        await conn.execute(
-            insert(scheduled_tasks).values(
-                task_name="nightly",
-                task_instance="recurring",
-                task_data=data,
-                execution_time=at,
-                picked=False,
-                version=1,
-                priority=0,
-            )
-        )
-
-
 async def _row_time(engine: AsyncEngine) -> datetime:
     t = scheduled_tasks
     async with engine.connect() as conn:
@@ -139,7 +124,7 @@ async def _history(engine: AsyncEngine, count: int) -> list[tuple[str, datetime,
 async def _slot_behind(engine: AsyncEngine) -> datetime:
     """A slot a minute old (the next one is 59 minutes away): its row is due now."""
     slot = (await db_now(engine) - timedelta(minutes=1)).replace(microsecond=0)
-    await _put_row(engine, slot)
+    await put_row(engine, "nightly", slot)
     return slot
 
 
@@ -213,7 +198,7 @@ async def test_a_retry_still_pending_when_the_next_slot_came_is_dropped_and_reco
     now = (await db_now(any_engine)).replace(microsecond=0)
     slot = now - HOUR - timedelta(minutes=2)  # its successor fell due two minutes ago
     at = retry_time(slot + timedelta(minutes=1))
-    await _put_row(any_engine, at, RetryMark(slot, 2, at).encode())
+    await put_row(any_engine, "nightly", at, data=RetryMark(slot, 2, at).encode())
     log: list[Attempt] = []
     await _start(any_registries, [FlakyJob(log, QUICK, 0) for _ in range(2)])
     await wait_until(lambda: len(log) == 1, what="the next slot run")
@@ -362,17 +347,7 @@ async def test_three_processes_retry_a_slot_as_the_same_slot_each_attempt_once(
     async with any_engine.begin() as conn:
         await conn.run_sync(LEDGERS.create_all, tables=[attempts])
     slot = (await db_now(any_engine) - timedelta(minutes=1)).replace(microsecond=0)
-    async with any_engine.begin() as conn:
-        await conn.execute(
-            insert(scheduled_tasks).values(
-                task_name="flaky",
-                task_instance="recurring",
-                execution_time=slot,
-                picked=False,
-                version=1,
-                priority=0,
-            )
-        )
+    await put_row(any_engine, "flaky", slot)
     args = [
         "--poll",
         "0.2",

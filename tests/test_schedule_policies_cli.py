@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .conftest import Database
 from .helpers import RegistryFactory, db_now, wait_until
-from .plan_jobs import A, B, Rolling
+from .plan_jobs import A, B, Rolling, rolling_row
 from .test_cli import cli, target
 
 pytestmark = pytest.mark.multiprocess
@@ -20,25 +20,12 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 ENV = {"PYTHONPATH": ROOT}
 
 
-async def _row(engine: AsyncEngine) -> tuple[object, int]:
-    async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                text(
-                    "SELECT execution_time, version FROM scheduled_tasks "
-                    "WHERE task_name = 'rolling'"
-                )
-            )
-        ).one()
-    return row[0], row[1]
-
-
 async def test_plan_shows_what_startup_would_change_and_changes_nothing(
     any_database: Database, any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
     registry = await any_registries.start(Rolling(A), customize=lambda b: b.app_version("1"))
     await registry.stop()
-    before = await _row(any_engine)
+    before = await rolling_row(any_engine)
 
     newer = await cli(
         *target(any_database),
@@ -57,7 +44,7 @@ async def test_plan_shows_what_startup_would_change_and_changes_nothing(
     assert changes["rolling"]["next_before"] != changes["rolling"]["next_after"]
     assert "-07-01T00:00:00" in changes["rolling"]["next_after"]
     assert changes["new-nightly"]["action"] == "insert"
-    assert await _row(any_engine) == before, "plan changes nothing"
+    assert await rolling_row(any_engine) == before, "plan changes nothing"
 
     older = await cli(
         *target(any_database),

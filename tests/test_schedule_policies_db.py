@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import (
@@ -31,35 +31,19 @@ from ekbatan_fastapi import (
 from ekbatan_fastapi.store.tables import Tables
 
 from .conftest import Database
-from .helpers import Polls, RecordingJob, RegistryFactory, Worker, db_now, wait_until
+from .helpers import (
+    CatchUpJob,
+    Polls,
+    RecordingJob,
+    RegistryFactory,
+    Worker,
+    db_now,
+    downtime,
+    wait_until,
+)
+from .plan_jobs import A, B, rolling_row
 
 HOUR = timedelta(hours=1)
-
-
-class PolicyJob(RecordingJob):
-    """A recurring job with a catch-up policy, recording each slot it ran."""
-
-    def __init__(self, name: str, schedule: Schedule, catch_up: CatchUp, **options: Any):
-        super().__init__(name, schedule, **options)
-        self.policy = catch_up
-
-    def catch_up(self) -> CatchUp:
-        return self.policy
-
-
-async def _put_row(engine: AsyncEngine, name: str, at: datetime) -> None:
-    """The job's recurring row, due at ``at`` (inserted before any scheduler starts)."""
-    async with engine.begin() as conn:
-        await conn.execute(
-            insert(scheduled_tasks).values(
-                task_name=name,
-                task_instance="recurring",
-                execution_time=at,
-                picked=False,
-                version=1,
-                priority=0,
-            )
-        )
 
 
 async def _row_time(engine: AsyncEngine, name: str, instance: str = "recurring") -> datetime:
@@ -103,17 +87,6 @@ async def _counts(registry: JobRegistry, name: str) -> tuple[int, int, int]:
     return (0, 0, 0) if stored is None else (stored.missed, stored.caught_up, stored.skipped)
 
 
-async def _downtime(
-    engine: AsyncEngine, name: str, slots_behind: int, *, whole_minute: bool = False
-) -> datetime:
-    """Put the row ``slots_behind`` hourly slots (and a minute) behind the database clock."""
-    at = await db_now(engine) - slots_behind * HOUR - timedelta(minutes=1)
-    if whole_minute:
-        at = at.replace(second=0, microsecond=0)
-    await _put_row(engine, name, at)
-    return at
-
-
 @pytest.mark.parametrize(
     "schedule",
     [Schedules.fixed_rate(HOUR), None],
@@ -122,10 +95,10 @@ async def _downtime(
 async def test_catch_up_all_runs_every_missed_slot_once_oldest_first_across_two_instances(
     any_registries: RegistryFactory, any_engine: AsyncEngine, schedule: Schedule | None
 ) -> None:
-    row = await _downtime(any_engine, "billing", 5, whole_minute=schedule is None)
+    row = await downtime(any_engine, "billing", 5, whole_minute=schedule is None)
     if schedule is None:  # an hourly cron whose slots fall where the row is
         schedule = Schedules.cron(f"{row.minute} * * * *")
-    jobs = [PolicyJob("billing", schedule, CatchUp.all(max_slots=10)) for _ in range(2)]
+    jobs = [CatchUpJob("billing", schedule, CatchUp.all(max_slots=10)) for _ in range(2)]
     registries = [await any_registries.start(job) for job in jobs]
     expected = [row + k * HOUR for k in range(6)]
 
@@ -150,8 +123,8 @@ async def _counted(registry: JobRegistry, name: str, expected: tuple[int, int, i
 async def test_catch_up_all_beyond_max_slots_skips_the_oldest_and_records_them(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
-    row = await _downtime(any_engine, "billing", 5)
-    job = PolicyJob("billing", Schedules.fixed_rate(HOUR), CatchUp.all(max_slots=3))
+    row = await downtime(any_engine, "billing", 5)
+    job = CatchUpJob("billing", Schedules.fixed_rate(HOUR), CatchUp.all(max_slots=3))
     registry = await any_registries.start(job)
     await wait_until(lambda: len(job.slots) == 3, what="the newest three slots")
     assert job.slots == [row + 3 * HOUR, row + 4 * HOUR, row + 5 * HOUR]
@@ -168,8 +141,8 @@ async def test_catch_up_all_beyond_max_slots_skips_the_oldest_and_records_them(
 async def test_catch_up_latest_runs_once_and_counts_the_coalesced_slots(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
-    row = await _downtime(any_engine, "billing", 5)
-    job = PolicyJob("billing", Schedules.fixed_rate(HOUR), CatchUp.latest())
+    row = await downtime(any_engine, "billing", 5)
+    job = CatchUpJob("billing", Schedules.fixed_rate(HOUR), CatchUp.latest())
     registry = await any_registries.start(job)
     await wait_until(lambda: _counted(registry, "billing", (5, 0, 0)), what="counted")
     assert job.slots == [row], "db-scheduler's behaviour: one run, of the overdue slot"
@@ -185,8 +158,8 @@ async def test_catch_up_latest_runs_once_and_counts_the_coalesced_slots(
 async def test_catch_up_skip_runs_the_slot_within_grace_and_skips_the_rest(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
-    row = await _downtime(any_engine, "billing", 5)
-    job = PolicyJob("billing", Schedules.fixed_rate(HOUR), CatchUp.skip(timedelta(minutes=5)))
+    row = await downtime(any_engine, "billing", 5)
+    job = CatchUpJob("billing", Schedules.fixed_rate(HOUR), CatchUp.skip(timedelta(minutes=5)))
     registry = await any_registries.start(job)
     await wait_until(lambda: _counted(registry, "billing", (0, 0, 5)), what="counted")
     assert job.slots == [row + 5 * HOUR]
@@ -198,8 +171,8 @@ async def test_catch_up_skip_runs_the_slot_within_grace_and_skips_the_rest(
 async def test_catch_up_skip_past_grace_runs_nothing_and_schedules_the_next_slot(
     any_registries: RegistryFactory, any_engine: AsyncEngine
 ) -> None:
-    row = await _downtime(any_engine, "billing", 5)
-    job = PolicyJob("billing", Schedules.fixed_rate(HOUR), CatchUp.skip(timedelta(seconds=10)))
+    row = await downtime(any_engine, "billing", 5)
+    job = CatchUpJob("billing", Schedules.fixed_rate(HOUR), CatchUp.skip(timedelta(seconds=10)))
     registry = await any_registries.start(job)
     await wait_until(lambda: _counted(registry, "billing", (0, 0, 6)), what="counted")
     assert job.slots == []
@@ -218,9 +191,9 @@ async def test_slot_counts_show_on_jobs_and_in_metrics(
 ) -> None:
     from ekbatan_fastapi.metrics import EkbatanMetrics
 
-    await _downtime(any_engine, "billing", 5)
+    await downtime(any_engine, "billing", 5)
     metrics = EkbatanMetrics()
-    job = PolicyJob("billing", Schedules.fixed_rate(HOUR), CatchUp.skip(timedelta(minutes=5)))
+    job = CatchUpJob("billing", Schedules.fixed_rate(HOUR), CatchUp.skip(timedelta(minutes=5)))
     registry = await any_registries.start(job, customize=lambda b: b.observer(metrics))
     await wait_until(lambda: _counted(registry, "billing", (0, 0, 5)), what="counted")
     body = metrics.render()[0].decode()
@@ -344,22 +317,6 @@ async def test_backfill_names_what_it_needs(any_registries: RegistryFactory) -> 
 
 # -- rolling deploys -----------------------------------------------------------------------------
 
-A = "CRON|0 0 1 1 *"
-B = "CRON|0 0 1 7 *"
-
-
-async def _row(engine: AsyncEngine) -> tuple[datetime, int]:
-    async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                text(
-                    "SELECT execution_time, version FROM scheduled_tasks "
-                    "WHERE task_name = 'rolling'"
-                )
-            )
-        ).one()
-    return row[0], row[1]
-
 
 async def _run_once(database: Database, version: str, schedule: str) -> None:
     args = ["--schedule", schedule, "--app-version", version]
@@ -374,13 +331,13 @@ async def test_processes_of_two_versions_started_alternately_move_the_row_once(
     any_database: Database, any_engine: AsyncEngine
 ) -> None:
     await _run_once(any_database, "1.9", A)
-    first_time, first_version = await _row(any_engine)
+    first_time, first_version = await rolling_row(any_engine)
     await _run_once(any_database, "1.10", B)  # the newer version: applies B once
-    moved_time, moved_version = await _row(any_engine)
+    moved_time, moved_version = await rolling_row(any_engine)
     assert moved_version == first_version + 1 and moved_time != first_time
     for version, schedule in [("1.9", A), ("1.10", B), ("1.9", A)]:
         await _run_once(any_database, version, schedule)
-        assert await _row(any_engine) == (moved_time, moved_version), "never moved back"
+        assert await rolling_row(any_engine) == (moved_time, moved_version), "never moved back"
     async with any_engine.connect() as conn:
         stored = (
             await conn.execute(
@@ -408,7 +365,7 @@ async def test_an_older_instance_runs_by_the_newer_schedule_and_follows_a_later_
     await older.client.run_now("rolling")
     await wait_until(lambda: len(older_job.slots) == 1, what="the older instance's run")
     await wait_until(lambda: not older.scheduler.running, what="recorded")
-    row_time, _ = await _row(any_engine)
+    row_time, _ = await rolling_row(any_engine)
     naive_now = (await db_now(any_engine)).replace(tzinfo=None)
     assert row_time.replace(tzinfo=None) > naive_now + timedelta(minutes=30), (
         "its next time came from the newer version's schedule, not its own 0.2 s"

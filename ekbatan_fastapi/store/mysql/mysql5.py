@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ...domain.rows import TaskRow
 from . import statements as q
 from .database import ER_LOCK_WAIT_TIMEOUT, errno
-from .tasks import MySQLTaskStore, owned_params
+from .tasks import MySQLTaskStore
 
 __all__ = ["MySQL5TaskStore"]
 
@@ -51,15 +51,7 @@ class MySQL5TaskStore(MySQLTaskStore):
         async def run(conn: AsyncConnection) -> list[TaskRow]:
             await conn.execute(self._short_lock_wait)
             try:
-                locked = list(
-                    await conn.execute(
-                        self._lock_dead, {**owned_params(candidates), "dead_us": dead_us}
-                    )
-                )
-                rows = [self.to_row(r) for r in locked]
-                if rows:
-                    owned = [(r.task_name, r.task_instance, r.version) for r in rows]
-                    await conn.execute(self._release, owned_params(owned))
+                rows = await self._lock_and_release(conn, candidates, dead_us)
             except DBAPIError:
                 # A lock wait that timed out undoes only its statement: the session goes back
                 # to the pool, with its own bound again (or not at all).

@@ -550,16 +550,7 @@ class MySQLTaskStore(TaskStore):
         as the stall; the next check looks again."""
 
         async def run(conn: AsyncConnection) -> list[TaskRow]:
-            locked = list(
-                await conn.execute(
-                    self._lock_dead, {**owned_params(candidates), "dead_us": dead_us}
-                )
-            )
-            rows = [self.to_row(r) for r in locked]
-            if rows:
-                owned = [(r.task_name, r.task_instance, r.version) for r in rows]
-                await conn.execute(self._release, owned_params(owned))
-            return rows
+            return await self._lock_and_release(conn, candidates, dead_us)
 
         try:
             return await self.db.transaction(run, read_committed=True, attempts=1)
@@ -568,6 +559,20 @@ class MySQLTaskStore(TaskStore):
                 raise
             self.db.write_conflicts += 1
             return []
+
+    async def _lock_and_release(
+        self, conn: AsyncConnection, candidates: list[tuple[str, str, int]], dead_us: int
+    ) -> list[TaskRow]:
+        """In ``conn``'s transaction: lock those of the candidates still dead at the version
+        seen and unpick them; the rows it locked."""
+        locked = list(
+            await conn.execute(self._lock_dead, {**owned_params(candidates), "dead_us": dead_us})
+        )
+        rows = [self.to_row(r) for r in locked]
+        if rows:
+            owned = [(r.task_name, r.task_instance, r.version) for r in rows]
+            await conn.execute(self._release, owned_params(owned))
+        return rows
 
 
 # -- new rows, written out -----------------------------------------------------------------------
