@@ -361,8 +361,11 @@ class Poller:
         """A claim that stalled (a Galera node's eviction holds every commit of the cluster)
         was committed only now, with the time its statement began as the rows' heartbeat: as
         old as the stall, dead to a peer that judges at once. Heartbeat them now, before they
-        are launched (their executions' own heartbeats start with the next round)."""
+        are launched (their executions' own heartbeats start with the next round). The
+        poller's connection goes back to the pool first: with ``pool_size=1`` it is the only
+        one, and the heartbeat would wait for it forever."""
         try:
+            await self.lease.release()
             await self.tasks.heartbeat(
                 [Owned(r.task_name, r.task_instance, r.version) for r in rows]
             )
