@@ -5,7 +5,7 @@ this instance. The cluster's cleanups are ``Maintenance``'s, on one instance at 
 Around outages (docs/RELIABILITY.md, "Outages"): an instance never revives a row it picked or
 runs itself; a round whose heartbeat failed revives nothing, and the heartbeat is retried with
 backoff until it gets through; and after an outage (or a statement that hung) no row is judged
-dead until the database has worked for one heartbeat interval, so that every owner cut off by
+dead until the database has worked for a dead window, so that every owner cut off by
 the same outage has heartbeated what it runs first.
 
 Stalls (issue 31): a statement that blocks instead of failing (a Galera cluster holds every
@@ -93,6 +93,8 @@ class Housekeeper:
         """Seconds a statement may take before it counts as a stall of the database; after
         one, the time no row is judged dead (``may_judge``)."""
         link.stall_after = self._stall
+        self._grace = config.dead_after.total_seconds()
+        """Seconds the database must have worked after an outage before a row is judged dead."""
 
     async def run(self) -> None:
         """A round per heartbeat interval; in between, a dead-execution check at the moment
@@ -226,15 +228,17 @@ class Housekeeper:
     def may_judge(self) -> bool:
         """Whether this instance may judge other instances' executions dead now: its own last
         heartbeat got through (at start: after its first round), and, after an outage it saw
-        (or a stall), the database has worked for a heartbeat interval since, so that every
-        owner cut off with it has had a round to heartbeat what it runs; after a stall (a
+        (or a stall), the database has worked for a dead window since, so that every owner
+        cut off with it has had the time to heartbeat what it runs (a heartbeat interval was
+        too short: owners see the database back at different moments, each after its own
+        reconnect and backoff, and a planned Patroni switchover through HAProxy revived live
+        owners 0.4 s after the cluster was writable again); after a stall (a
         statement that took longer than the stall threshold), for that threshold: the writes
         that hung were committed with the time they began, so the rows of owners that spoke up
         during the stall read as old as it until they heartbeat again."""
-        interval = self.config.heartbeat_interval.total_seconds()
         return (
             self._beaten
-            and self.link.working_for() >= interval
+            and self.link.working_for() >= self._grace
             and self.link.since_stall() >= self._stall
         )
 

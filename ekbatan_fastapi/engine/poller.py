@@ -12,7 +12,7 @@ which stays after recovery; the rule for logging errors (the first one at once, 
 one a minute while the outage lasts); and the signal that the loops reached the database again
 after a failover-like error (``moved``), on which the listener reconnects; and how long the
 database has worked since the last outage (``working_for``): the housekeeper judges no peer's
-execution dead before every owner has had one heartbeat interval of a working database to
+execution dead before every owner has had a dead window of a working database to
 speak up.
 
 ``Alarm``: it sleeps until the polling interval ends, an earlier known due time (database
