@@ -472,3 +472,19 @@ class TcpProxy:
             task = asyncio.create_task(coro)
             self._pipes.add(task)
             task.add_done_callback(self._pipes.discard)
+
+
+async def slot_history(
+    engine: AsyncEngine, name: str, detail: str = "error_message"
+) -> list[tuple[datetime, str, str | None]]:
+    """The history records of ``name`` in order: (slot, outcome, ``detail`` column)."""
+    assert detail in ("error_message", "error_class")
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text(
+                f"SELECT execution_time, outcome, {detail} FROM ekbatan_execution_history "
+                "WHERE task_name = :n ORDER BY id"
+            ),
+            {"n": name},
+        )
+        return [(r[0] if r[0].tzinfo else r[0].replace(tzinfo=UTC), r[1], r[2]) for r in rows]

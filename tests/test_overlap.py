@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ekbatan_fastapi import (
@@ -34,23 +34,11 @@ from ekbatan_fastapi.domain.catchup import PassedSlots, SlotReason, after_run
 from ekbatan_fastapi.testing import TimeMachine
 
 from .conftest import Database
-from .helpers import RegistryFactory, Stubborn, Worker, wait_until
+from .helpers import RegistryFactory, Stubborn, Worker, slot_history, wait_until
 from .proc_worker import LEDGERS, overlap_runs
 
 START = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-
-
-async def _history(engine: AsyncEngine, name: str) -> list[tuple[datetime, str, str | None]]:
-    async with engine.connect() as conn:
-        rows = await conn.execute(
-            text(
-                "SELECT execution_time, outcome, error_message FROM ekbatan_execution_history "
-                "WHERE task_name = :n ORDER BY id"
-            ),
-            {"n": name},
-        )
-        return [(r[0] if r[0].tzinfo else r[0].replace(tzinfo=UTC), r[1], r[2]) for r in rows]
 
 
 # -- the policy's arithmetic (pure) -----------------------------------------------------------
@@ -222,10 +210,10 @@ async def test_cancel_other_stops_the_running_execution_when_its_next_slot_is_du
     assert second > first and (second - first) % timedelta(seconds=1) == timedelta(0)
 
     async def recorded() -> bool:
-        return any(o == "cancelled" for _, o, _ in await _history(any_engine, "stubborn"))
+        return any(o == "cancelled" for _, o, _ in await slot_history(any_engine, "stubborn"))
 
     await wait_until(recorded, timeout=20, what="the cancelled record")
-    history = await _history(any_engine, "stubborn")
+    history = await slot_history(any_engine, "stubborn")
     cancelled = [h for h in history if h[1] == "cancelled"]
     assert len(cancelled) == 1
     assert cancelled[0][0].replace(microsecond=0) == first.replace(microsecond=0)
@@ -252,10 +240,10 @@ async def test_cancel_other_of_a_peer_is_asked_through_the_cancel_requests(
     assert peer is not owner
 
     async def stopped() -> bool:
-        return any(o == "cancelled" for _, o, _ in await _history(any_engine, "asked"))
+        return any(o == "cancelled" for _, o, _ in await slot_history(any_engine, "asked"))
 
     await wait_until(stopped, timeout=30, what="the owner's execution stopped on request")
-    cancelled = next(h for h in await _history(any_engine, "asked") if h[1] == "cancelled")
+    cancelled = next(h for h in await slot_history(any_engine, "asked") if h[1] == "cancelled")
     message = cancelled[2] or ""
     assert message.startswith(f"cancelled by {peer.scheduler.name}: overlap: slot "), message
     assert message.endswith(" was due"), message
@@ -320,7 +308,7 @@ async def test_a_schedule_retries_its_failed_slot_as_the_same_slot(any_database:
         info = await tm.client.get_schedule("reports", "acme")
         assert info is not None and info.runs == 1  # a retry is no slot of its own
         assert info.next_time == START + HOUR  # back on the grid
-        outcomes = [(t, o) for t, o, _ in await _history(tm.engine, "reports")]
+        outcomes = [(t, o) for t, o, _ in await slot_history(tm.engine, "reports")]
         assert outcomes == [(START, "failed"), (START, "failed"), (START, "succeeded")]
 
 
@@ -336,7 +324,7 @@ async def test_a_schedule_retry_overtaken_by_the_next_slot_is_dropped(
         await tm.advance(by=HOUR)  # the retry (START+30min) is still pending at START+1h
         await tm.run_due()
         assert job.attempts == [("acme", START, 1), ("acme", START + HOUR, 1)]
-        history = await _history(tm.engine, "reports")
+        history = await slot_history(tm.engine, "reports")
         dropped = [h for h in history if h[1] == "skipped"]
         assert len(dropped) == 1 and "dropped: the next slot came first" in (dropped[0][2] or "")
 
@@ -412,7 +400,9 @@ async def test_two_processes_cancel_the_overlapped_run_and_run_the_due_slot_once
 
     async def next_slot_ran() -> bool:
         done = await runs()
-        cancelled = [h for h in await _history(any_engine, "overlapping") if h[1] == "cancelled"]
+        cancelled = [
+            h for h in await slot_history(any_engine, "overlapping") if h[1] == "cancelled"
+        ]
         return len(done) >= 2 and bool(cancelled)
 
     try:
@@ -424,7 +414,7 @@ async def test_two_processes_cancel_the_overlapped_run_and_run_the_due_slot_once
     slot, due = done[0][0], done[1][0]  # the long run (the first), and the slot that was due
     assert (due - slot) % period == timedelta(0) and due > slot
     assert {p for _, p in done} <= {w.pid for w in workers}
-    history = await _history(any_engine, "overlapping")
+    history = await slot_history(any_engine, "overlapping")
     cancelled = [h for h in history if h[1] == "cancelled"]
     assert len(cancelled) == 1 and cancelled[0][0] == slot
     message = cancelled[0][2] or ""
@@ -483,11 +473,13 @@ async def test_cancel_other_applies_per_schedule(
     assert second > first and (second - first) % timedelta(seconds=1) == timedelta(0)
 
     async def recorded() -> bool:
-        history = await _history(any_engine, "stubborn-schedules")
+        history = await slot_history(any_engine, "stubborn-schedules")
         return any(o == "cancelled" for _, o, _ in history)
 
     await wait_until(recorded, timeout=20, what="the schedule's cancelled run")
-    cancelled = [h for h in await _history(any_engine, "stubborn-schedules") if h[1] == "cancelled"]
+    cancelled = [
+        h for h in await slot_history(any_engine, "stubborn-schedules") if h[1] == "cancelled"
+    ]
     assert len(cancelled) == 1
     assert f"overlap: slot {second.isoformat()} was due" in (cancelled[0][2] or "")
 

@@ -45,22 +45,10 @@ from ekbatan_fastapi.engine.observer import ExecutionFinished, SchedulerObserver
 from ekbatan_fastapi.testing import TimeMachine
 
 from .conftest import Database
-from .helpers import RegistryFactory, wait_until
+from .helpers import RegistryFactory, slot_history, wait_until
 
 START = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-
-
-async def _history(engine: AsyncEngine, name: str) -> list[tuple[datetime, str, str | None]]:
-    async with engine.connect() as conn:
-        rows = await conn.execute(
-            text(
-                "SELECT execution_time, outcome, error_class FROM ekbatan_execution_history "
-                "WHERE task_name = :n ORDER BY id"
-            ),
-            {"n": name},
-        )
-        return [(r[0] if r[0].tzinfo else r[0].replace(tzinfo=UTC), r[1], r[2]) for r in rows]
 
 
 async def _rows(engine: AsyncEngine, name: str) -> dict[str, bool]:
@@ -157,7 +145,7 @@ async def test_a_shutdown_while_an_observer_scope_exits_still_records_the_result
 
 
 async def _outcomes_are(engine: AsyncEngine, expected: list[str]) -> bool:
-    return [o for _, o, _ in await _history(engine, "quick")] == expected
+    return [o for _, o, _ in await slot_history(engine, "quick", "error_class")] == expected
 
 
 async def _cancel_requests_is(engine: AsyncEngine, count: int) -> bool:
@@ -215,13 +203,13 @@ async def test_a_plain_def_job_under_cancel_other_runs_the_latest_slot_when_it_r
     )
 
     async def recorded() -> bool:
-        history = await _history(any_engine, "unstoppable")
+        history = await slot_history(any_engine, "unstoppable", "error_class")
         return any(o == "missed" for _, o, _ in history) and any(
             o == "cancelled" for _, o, _ in history
         )
 
     await wait_until(recorded, timeout=20, what="the cancelled run and the missed slot")
-    history = await _history(any_engine, "unstoppable")
+    history = await slot_history(any_engine, "unstoppable", "error_class")
     assert [t for t, o, _ in history if o == "cancelled"] == [first]
     missed = {t: c for t, o, c in history if o == "missed"}
     # overlap: due while it ran (coalesced only if the first run started a second late)
