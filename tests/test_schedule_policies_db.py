@@ -363,7 +363,10 @@ async def test_an_older_instance_runs_by_the_newer_schedule_and_follows_a_later_
     assert older.scheduler.schedules["rolling"].describe() == "FIXED_RATE|PT1H"
     await newer.stop()
     await older.client.run_now("rolling")
-    await wait_until(lambda: len(older_job.slots) == 1, what="the older instance's run")
+    # At least one run: on a loaded machine the older instance may also have run the first slot
+    # before the newer one claimed it (it is due at the start), and that run's slot and
+    # run_now's can both be recorded before this wait first looks (seen once, under load).
+    await wait_until(lambda: len(older_job.slots) >= 1, what="the older instance's run")
     await wait_until(lambda: not older.scheduler.running, what="recorded")
     row_time, _ = await rolling_row(any_engine)
     naive_now = (await db_now(any_engine)).replace(tzinfo=None)
