@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..domain.job import RECURRING_INSTANCE
 from ..domain.logs import library_logger
-from ..domain.rows import ExecutionRecord, Finish, FinishKind, TaskKey
+from ..domain.rows import KIND_SKIPPED, ExecutionRecord, Finish, TaskKey
 from ..store.tasks import HistoryTableMissing, HistoryUnwritable, TaskStore
 from .config import SchedulerConfig
 from .execution import Execution
@@ -28,9 +28,6 @@ log = library_logger(__name__)
 
 MAX_BATCH = 1000
 """Results per completion statement."""
-
-_SKIPPED = FinishKind.SKIPPED
-"""A module global: ``FinishKind.SKIPPED`` is a look-up through the enum's metaclass."""
 
 
 class _WriteFailed(Exception):
@@ -267,7 +264,7 @@ class Completer:
             if history:
                 self.history.record(execution, finish, ok)
             # a skipped slot is no execution
-            if wants_finished and finish.kind is not _SKIPPED:
+            if wants_finished and finish.kind is not KIND_SKIPPED:
                 self.observer.execution_finished(finished_event(execution, finish, ok))
             if ok:
                 if self.counter is not None:

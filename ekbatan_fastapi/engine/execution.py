@@ -29,6 +29,9 @@ from ..domain.overlap import BufferMark, Overlap, overlap_slot_of
 from ..domain.persistent import PAUSED_TIME, PersistentScheduleJob
 from ..domain.retries import RetryMark, retry_time
 from ..domain.rows import (
+    KIND_DELETED,
+    KIND_SKIPPED,
+    KIND_SUCCEEDED,
     PARKED_TIME,
     ExecutionRecord,
     Finish,
@@ -73,11 +76,6 @@ def job_kind(job: Job) -> tuple[bool, DataModel | None]:
 _new = tuple.__new__
 """Builds a named tuple from a tuple of all its fields, without the Python frame of its
 ``__new__`` (``Owned``, ``Finish``, ``ExecutionRecord``: built once per execution)."""
-
-# The members the hot path compares with, as module globals: ``FinishKind.DELETED`` is a look-up
-# through the enum's metaclass, unspecialized on CPython 3.11 (some 900 machine instructions
-# each, against a few dozen for a global).
-_SUCCEEDED, _DELETED, _SKIPPED = FinishKind.SUCCEEDED, FinishKind.DELETED, FinishKind.SKIPPED
 
 
 @dataclass(eq=False, slots=True)
@@ -214,12 +212,12 @@ class Execution:
         error = self.error
         row = self.row
         kind = finish.kind
-        if error is None and kind is not _SKIPPED and self.ended is None:
+        if error is None and kind is not KIND_SKIPPED and self.ended is None:
             error_class = error_message = None
         else:
             error_class = None if error is None else storable(type(error).__qualname__, 200)
             error_message = self._message(finish, error)
-        if error is None and recorded and (kind is _DELETED or kind is _SUCCEEDED):
+        if error is None and recorded and (kind is KIND_DELETED or kind is KIND_SUCCEEDED):
             outcome = "succeeded"  # ``outcome_of``'s common case, without its two calls
         else:
             outcome = outcome_of(finish, recorded, error).value
@@ -313,11 +311,11 @@ class Execution:
                 return self._next_of_schedule(owned, now, error)
             if (JOB_KINDS.get(type(self.job)) or job_kind(self.job))[0] and not self.backfill:
                 if error is None:
-                    return _new(Finish, (owned, _SUCCEEDED, self._next_slot(now)))
+                    return _new(Finish, (owned, KIND_SUCCEEDED, self._next_slot(now)))
                 retry = self._retry(now) if self.recurring else None
                 return Finish(owned, FinishKind.FAILED, retry or self._next_slot(now))
             if error is None:
-                return _new(Finish, (owned, _DELETED, None))
+                return _new(Finish, (owned, KIND_DELETED, None))
             if error is self.unfit:  # parked: no retry can make the data fit
                 return Finish(owned, FinishKind.FAILED, PARKED_TIME)
             failures = (self.row.consecutive_failures or 0) + 1

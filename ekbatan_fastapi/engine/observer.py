@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..domain.job import RECURRING_INSTANCE, OneTimeJob
 from ..domain.logs import library_logger
-from ..domain.rows import FinishKind, Outcome, outcome_of
+from ..domain.rows import KIND_DELETED, KIND_FAILED, KIND_RELEASED, Outcome, outcome_of
 
 if TYPE_CHECKING:
     from ..domain.rows import Finish, PollResult, TaskKey, TaskRow
@@ -113,19 +113,14 @@ def started_event(execution: Execution) -> ExecutionStarted:
     )
 
 
-_FAILED, _RELEASED, _DELETED = FinishKind.FAILED, FinishKind.RELEASED, FinishKind.DELETED
-"""Module globals: ``FinishKind.FAILED`` is a look-up through the enum's metaclass (once per
-finished execution here)."""
-
-
 def finished_event(execution: Execution, finish: Finish, recorded: bool) -> ExecutionFinished:
     """The event of an execution whose result the completer has just written."""
     row = execution.row
     failures: int | None = None
     kind = finish.kind
-    if recorded and kind is _FAILED:
+    if recorded and kind is KIND_FAILED:
         failures = (row.consecutive_failures or 0) + 1
-    elif recorded and kind is not _RELEASED:
+    elif recorded and kind is not KIND_RELEASED:
         failures = 0
     return ExecutionFinished(
         task_name=row.task_name,
@@ -139,7 +134,7 @@ def finished_event(execution: Execution, finish: Finish, recorded: bool) -> Exec
         error=execution.error,
         version=row.version,
         picked_by=row.picked_by,
-        deleted=recorded and kind is _DELETED,
+        deleted=recorded and kind is KIND_DELETED,
     )
 
 
