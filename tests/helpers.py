@@ -300,10 +300,10 @@ def fail_writes(repository: Any) -> Callable[[], None]:
 
 async def _settled_checkouts(registry: JobRegistry, grace: float = 3.0) -> int:
     """The connections ``registry``'s pool still has checked out after its scheduler stopped,
-    once a close already under way has had ``grace`` seconds to end: a stop leaves behind a
-    loop that outlives its cancellation wait (``Lifecycle.cancel``/``drain``), and on a loaded
-    CI machine its connection's close can end just after the stop returned (seen once, after
-    1,956 passing tests). A leak never ends."""
+    once a close already under way has had ``grace`` seconds to end. Seen once on a loaded CI
+    machine (after 1,956 passing tests), not reproduced; the likely cause: a stop leaves behind
+    a loop that outlives its cancellation wait (``Lifecycle.cancel``/``drain``), whose
+    connection's close ends just after the stop returned. A leak never ends."""
     pool: Any = registry.engine.pool
     for _ in range(int(grace / 0.05)):
         if not pool.checkedout():
@@ -430,7 +430,12 @@ async def run_bench(script: str, url: str, timeout: float) -> tuple[int | None, 
         stderr=asyncio.subprocess.STDOUT,
         cwd=_ROOT,
     )
-    out, _ = await asyncio.wait_for(process.communicate(), timeout)
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:  # never leave the benchmark running behind the failed test
+        process.kill()
+        await process.wait()
+        raise
     return process.returncode, out.decode()
 
 
