@@ -260,6 +260,12 @@ async def test_admin_dependency_refuses(engine: AsyncEngine, database_url: str) 
     router = create_jobs_router(admin_dependency=require_token)
     async with serving(database_url, ok, router=router) as (client, state):
         await wait_until(lambda: _states(client, {"ok-job": "scheduled"}), what="first run")
+
+        async def first_run_recorded() -> bool:  # "scheduled" is also the row before its run
+            task = await state.client.get("ok-job", "recurring")
+            return task is not None and task.last_success is not None
+
+        await wait_until(first_run_recorded, what="the first run's result")
         before = await state.client.get("ok-job", "recurring")
         refused = await client.post("/jobs/ok-job/run")
         assert refused.status_code == 403
