@@ -8,6 +8,8 @@
 * ``ServerInfo``: how to reach a server from SQLAlchemy/asyncpg, from libpq tools (pgbench)
   and from the peers' drivers.
 * percentiles, process helpers (spawn, RSS, bounded waits) and the run's environment.
+* callgrind (``callgrind_toggle``, ``callgrind_command``, ``callgrind_instructions``): machine
+  instructions of a harness's timed part only, which a busy machine does not change.
 * the harnesses' own pieces (``fresh_schema``, ``harness_parser``, ``worker_registry``,
   ``stdin_commands``, ``wait_for_stop``, ``write_result``): their worker processes' common steps.
 
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import ctypes
 import dataclasses
 import datetime as dt
 import ipaddress
@@ -705,3 +708,60 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return value.isoformat()
     return value
+
+
+# -- callgrind: instructions instead of seconds --------------------------------------------
+
+_TOGGLE_C = """#include <valgrind/callgrind.h>
+void on(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
+void off(void) { CALLGRIND_DUMP_STATS; CALLGRIND_STOP_INSTRUMENTATION; }
+"""
+
+
+class CallgrindToggle:
+    """``enable()``/``disable()`` (as a ``cProfile.Profile``'s) start and stop callgrind's
+    instrumentation around a timed part; no-ops outside valgrind."""
+
+    def __init__(self, library: Any) -> None:
+        self._library = library
+
+    def on(self) -> None:
+        self._library.on()
+
+    def off(self) -> None:
+        self._library.off()
+
+    enable, disable = on, off
+
+
+def callgrind_toggle() -> CallgrindToggle:
+    """Compile callgrind's client requests (``valgrind/callgrind.h``) with ``cc`` into a
+    temporary library and load it."""
+    folder = Path(tempfile.mkdtemp(prefix="callgrind-toggle-"))
+    (folder / "toggle.c").write_text(_TOGGLE_C)
+    library = folder / "toggle.so"
+    subprocess.run(
+        ["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(folder / "toggle.c")],
+        check=True,
+    )
+    return CallgrindToggle(ctypes.CDLL(str(library)))
+
+
+def callgrind_command(out: Path) -> list[str]:
+    """The prefix that runs a command under callgrind, instrumentation off until the command
+    toggles it, its dumps written to ``out`` (``%p``: the process id)."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+
+
+def callgrind_instructions(folder: Path, prefix: str) -> int:
+    """The instructions counted in every callgrind dump under ``folder`` whose name starts with
+    ``prefix`` (each dump's ``totals:`` line; the toggled part's dump and the nearly empty one
+    at exit)."""
+    total = 0
+    for dump in folder.glob(f"{prefix}*"):
+        for line in dump.read_text(errors="replace").splitlines():
+            if line.startswith("totals:"):
+                total += int(line.split()[1])
+    return total

@@ -15,6 +15,12 @@ us/exec" (1 process, lock-and-fetch) is the same work plus the scheduler's; the 
 is what the scheduler itself costs per execution (docs/BENCHMARKS.md).
 
 It prints a table; it never asserts. The server must be on this machine.
+
+    python bench/driver_floor.py --url ... --callgrind /tmp/floor-cg
+
+``--callgrind DIR`` runs it once more under valgrind's callgrind, instrumented only in the
+timed loop, and prints the machine instructions per row, which other load on the machine
+does not change (``throughput.py --callgrind-dir`` counts the scheduler's the same way).
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ import asyncio
 import contextlib
 import datetime as dt
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import asyncpg
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -61,8 +70,9 @@ class FloorRun:
         return self.cpu_seconds / self.rows * 1e6 if self.rows else 0.0
 
 
-async def measure(db_url: str, n: int) -> FloorRun:
-    """Load ``n`` due rows into a fresh table and drain them in rounds of ``BATCH``."""
+async def measure(db_url: str, n: int, toggle: Any = None) -> FloorRun:
+    """Load ``n`` due rows into a fresh table and drain them in rounds of ``BATCH``
+    (``toggle``: callgrind's instrumentation on around the rounds only)."""
     engine = create_async_engine(db_url)
     try:
         await throughput.load_table(engine, n, "sql")
@@ -76,6 +86,8 @@ async def measure(db_url: str, n: int) -> FloorRun:
     conn = await asyncpg.connect(common.asyncpg_dsn(db_url))
     try:
         done = 0
+        if toggle is not None:
+            toggle.on()
         cpu, wall = time.process_time(), time.perf_counter()
         while True:
             rows = [r for r in await conn.fetch(poll.sql, *poll_args) if r[0] is not None]
@@ -97,18 +109,35 @@ async def measure(db_url: str, n: int) -> FloorRun:
                 "h_messages": None,
             }
             done += len(await conn.fetch(finish.sql, *finish.args(results)))
-        return FloorRun(done, time.perf_counter() - wall, time.process_time() - cpu)
+        run = FloorRun(done, time.perf_counter() - wall, time.process_time() - cpu)
+        if toggle is not None:
+            toggle.off()
+        return run
     finally:
         await conn.close()
 
 
-async def run(url: str | None, n: int, repeat: int) -> list[FloorRun]:
+async def run(url: str | None, n: int, repeat: int, toggle: Any = None) -> list[FloorRun]:
     runs: list[FloorRun] = []
     with throughput.embedded_server() if url is None else contextlib.nullcontext(url) as server:
         for _ in range(repeat):
             async with throughput.fresh_database(server) as db_url:
-                runs.append(await measure(db_url, n))
+                runs.append(await measure(db_url, n, toggle))
     return runs
+
+
+def instructions_per_row(url: str, n: int, folder: Path) -> float:
+    """Run one measurement under callgrind (this script, ``--callgrind-inner``) and read its
+    count: machine instructions per row of the timed loop."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for dump in folder.glob("floor.*"):
+        dump.unlink()
+    command = [
+        *common.callgrind_command(folder / "floor.%p"),
+        *(sys.executable, __file__, "--url", url, "-n", str(n), "--callgrind-inner"),
+    ]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return common.callgrind_instructions(folder, "floor.") / n
 
 
 def format_table(runs: Sequence[FloorRun], n: int) -> str:
@@ -130,13 +159,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--url", help="a PostgreSQL server on this machine (default: embedded)")
     p.add_argument("-n", type=int, default=20_000, help="rows per run (20000)")
     p.add_argument("--repeat", type=int, default=3, help="runs (median; 3)")
+    p.add_argument(
+        "--callgrind",
+        type=Path,
+        metavar="DIR",
+        help="then count the instructions per row under valgrind (needs --url; dumps in DIR)",
+    )
+    p.add_argument("--callgrind-inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.url is not None and throughput.is_mysql(args.url):
         print("driver_floor.py measures asyncpg (PostgreSQL) only", file=sys.stderr)
         return 2
+    if args.callgrind is not None and args.url is None:
+        print("--callgrind needs --url (a server outside valgrind)", file=sys.stderr)
+        return 2
+    if args.callgrind_inner:  # under valgrind: one run, instrumented in its loop only
+        asyncio.run(run(args.url, args.n, 1, common.callgrind_toggle()))
+        return 0
     runs = asyncio.run(run(args.url, args.n, args.repeat))
     print(f"python {sys.version.split()[0]}, asyncpg {asyncpg.__version__}")
     print(format_table(runs, args.n))
+    if args.callgrind is not None:
+        count = instructions_per_row(args.url, args.n, args.callgrind)
+        print(f"instructions per row (callgrind, one run of {args.n:,} rows): {count:,.0f}")
     return 0
 
 

@@ -25,38 +25,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import datetime as dt
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+try:
+    from bench.common import callgrind_toggle
+except ImportError:  # run as a script: bench/ is on sys.path
+    from common import callgrind_toggle  # type: ignore[no-redef]
 
 BATCH = 50
 """Rows launched per round: the default batch size, as one poll claims them."""
 _NEVER = (None, None, None)
 """A claimed row's ``last_success``, ``last_failure`` and ``consecutive_failures``."""
-
-_TOGGLE_C = """#include <valgrind/callgrind.h>
-void on(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
-void off(void) { CALLGRIND_DUMP_STATS; CALLGRIND_STOP_INSTRUMENTATION; }
-"""
-
-
-def callgrind_toggle() -> Any:
-    """A library whose ``on()``/``off()`` start and stop callgrind's instrumentation (no-ops
-    outside valgrind)."""
-    folder = Path(tempfile.mkdtemp(prefix="own-cost-"))
-    (folder / "toggle.c").write_text(_TOGGLE_C)
-    library = folder / "toggle.so"
-    subprocess.run(
-        ["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(folder / "toggle.c")],
-        check=True,
-    )
-    return ctypes.CDLL(str(library))
 
 
 async def measure(n: int, repeat: int, toggle: Any = None) -> list[float]:

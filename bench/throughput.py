@@ -50,9 +50,22 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 try:
-    from bench.common import check_local, cpu_busy, cpu_times, other_service_rows
+    from bench.common import (
+        CallgrindToggle,
+        callgrind_command,
+        callgrind_instructions,
+        callgrind_toggle,
+        check_local,
+        cpu_busy,
+        cpu_times,
+        other_service_rows,
+    )
 except ImportError:  # run as a script: bench/ is on sys.path
     from common import (  # type: ignore[no-redef]
+        CallgrindToggle,
+        callgrind_command,
+        callgrind_instructions,
+        callgrind_toggle,
         check_local,
         cpu_busy,
         cpu_times,
@@ -94,6 +107,10 @@ class BenchOptions:
     """Prepended to the worker command line, e.g. ``py-spy record -o out.svg --``."""
     cprofile_dir: Path | None = None
     """Write a cProfile of the timed part of each worker's run here."""
+    callgrind_dir: Path | None = None
+    """Run each worker under valgrind's callgrind, instrumented from "go" to "stop" only, its
+    dumps written here: the machine instructions per execution, which other load does not
+    change (the run itself is some 20x slower)."""
     verbose: bool = True
     pgbouncer: str | None = None
     """Workers reach the database through a private PgBouncer in this pooling mode
@@ -192,6 +209,12 @@ class RunResult:
     history: bool = True
     history_rows: int = 0
     """Rows in the history table after the run: n with history on, 0 with it off."""
+    instructions: int | None = None
+    """Machine instructions all workers ran from "go" to "stop" (``--callgrind-dir``)."""
+
+    @property
+    def instructions_per_execution(self) -> float | None:
+        return self.instructions / self.n if self.instructions is not None and self.n else None
 
     @property
     def worker_cpu_per_execution(self) -> float | None:
@@ -235,6 +258,7 @@ class RunResult:
             missing=self.missing,
             ok=self.ok,
             worker_cpu_per_execution_us=self.worker_cpu_per_execution,
+            instructions_per_execution=self.instructions_per_execution,
         )
         return data
 
@@ -648,8 +672,12 @@ async def _spawn(
 ) -> _Worker:
     result = run_dir / f"worker-{index}.json"
     log = run_dir / f"worker-{index}.log"
+    prefix = list(options.worker_prefix)
+    if options.callgrind_dir is not None:
+        options.callgrind_dir.mkdir(parents=True, exist_ok=True)
+        prefix += callgrind_command(options.callgrind_dir / f"{run_dir.name}-worker-{index}.%p")
     args = [
-        *options.worker_prefix,
+        *prefix,
         sys.executable,
         str(THIS_FILE),
         "--worker",
@@ -687,6 +715,8 @@ async def _spawn(
     if options.cprofile_dir is not None:
         options.cprofile_dir.mkdir(parents=True, exist_ok=True)
         args += ["--cprofile", str(options.cprofile_dir / f"{run_dir.name}-worker-{index}.pstats")]
+    elif options.callgrind_dir is not None:
+        args.append("--callgrind-toggle")
     with log.open("wb") as log_file:
         proc = await asyncio.create_subprocess_exec(
             *args,
@@ -721,6 +751,9 @@ async def run_once(
     foreign_cores: float | None = None
     run_dir = work / f"{strategy}-k{processes}-r{repeat}-a{attempt}"
     run_dir.mkdir(parents=True)
+    if options.callgrind_dir is not None:  # an earlier invocation's dumps of the same run
+        for dump in options.callgrind_dir.glob(f"{run_dir.name}-worker-*"):
+            dump.unlink()
     try:
         if options.warm:
             await recreate_table(engine)
@@ -783,7 +816,11 @@ async def run_once(
     counts = collections.Counter(i for report in reports for i in report.instances)
     finishes = [r.last_finish for r in reports if r.last_finish is not None]
     seconds = max(finishes) - go if finishes and not timed_out else None
+    instructions = None
+    if options.callgrind_dir is not None:
+        instructions = callgrind_instructions(options.callgrind_dir, f"{run_dir.name}-worker-")
     return RunResult(
+        instructions=instructions,
         strategy=strategy,
         processes=processes,
         n=options.n,
@@ -908,7 +945,12 @@ def _describe(r: RunResult) -> str:
         f"load {r.load_seconds:.2f}s; busy before {_fmt_busy(r.busy_before)} during "
         f"{_fmt_busy(r.busy_during)} (foreign {_fmt_cores(r.foreign_cores)}, "
         f"attempt {r.attempts}); worker CPU {r.worker_cpu_per_execution or 0:.0f} us/exec "
-        f"{'OK' if r.ok else 'FAILED'}"
+        + (
+            f"({r.instructions_per_execution:,.0f} instructions/exec) "
+            if r.instructions_per_execution is not None
+            else ""
+        )
+        + f"{'OK' if r.ok else 'FAILED'}"
     )
     for error in r.errors:
         text_ += f"\n    ! {error}"
@@ -1026,7 +1068,7 @@ async def _run_on_command(
     registry: Any,
     commands: asyncio.Queue[str],
     stats: _Stats,
-    profiler: cProfile.Profile | None,
+    profiler: cProfile.Profile | CallgrindToggle | None,
     remaining: Any,
 ) -> tuple[float, float, bool]:
     """Wait for "go", run until "stop": (when it went, its CPU seconds, whether it timed out)."""
@@ -1111,13 +1153,15 @@ async def _worker(args: argparse.Namespace) -> int:
         await c1.execute(text("SELECT 1"))
         await c2.execute(text("SELECT 1"))
     print("ready", flush=True)
-    profiler = cProfile.Profile() if args.cprofile else None
+    profiler: Any = cProfile.Profile() if args.cprofile else None
+    if profiler is None and args.callgrind_toggle:
+        profiler = callgrind_toggle()  # on at "go", off at "stop", as the profiler
     go, cpu_seconds, timed_out = await _run_on_command(
         args, registry, commands, stats, profiler, remaining
     )
     status = registry.status()
     await registry.stop()
-    if profiler is not None:
+    if args.cprofile:
         profiler.dump_stats(args.cprofile)
     report = WorkerReport(
         index=args.index,
@@ -1215,6 +1259,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path, help="write every run and the summary here")
     p.add_argument("--cprofile-dir", type=Path, help="cProfile each worker's timed part")
+    p.add_argument(
+        "--callgrind-dir",
+        type=Path,
+        help="count each worker's instructions from go to stop (valgrind; dumps written here)",
+    )
     p.add_argument("--worker-prefix", default="", help="e.g. 'py-spy record -o x.svg --'")
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -1222,6 +1271,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     p.add_argument("--cprofile", help=argparse.SUPPRESS)
+    p.add_argument("--callgrind-toggle", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         args.strategy = args.strategy[0] if isinstance(args.strategy, list) else args.strategy
@@ -1258,6 +1308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         insert=args.insert,
         worker_prefix=tuple(shlex.split(args.worker_prefix)),
         cprofile_dir=args.cprofile_dir,
+        callgrind_dir=args.callgrind_dir,
         settle=args.settle,
         max_foreign=args.max_foreign,
         retries=args.retries,
@@ -1291,7 +1342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "options": {
                         k: (list(v) if isinstance(v, tuple) else v)
                         for k, v in dataclasses.asdict(options).items()
-                        if k not in ("cprofile_dir",)
+                        if k not in ("cprofile_dir", "callgrind_dir")
                     },
                     "environment": info,
                     "runs": [r.as_dict() for r in results],

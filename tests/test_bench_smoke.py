@@ -5,6 +5,9 @@ No timing is asserted; the benchmark's figures are not part of the suite's pass/
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from bench.throughput import BenchOptions, run_benchmark, summarize
@@ -55,3 +58,27 @@ async def test_throughput_harness_warm_mode_gives_started_workers_the_rows(
     assert result.ok, result.as_dict()
     assert result.executed == result.distinct == result.recorded == 200
     assert len(result.per_worker) == 2
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (Debian: valgrind)")
+async def test_throughput_harness_counts_instructions_under_callgrind(
+    postgres_server_url: str, tmp_path: Path
+) -> None:
+    """``--callgrind-dir``: the worker runs under valgrind, instrumented from "go" to "stop"
+    only (its start-up, some 10^8 instructions, is left out of the count per execution)."""
+    options = BenchOptions(
+        n=100,
+        processes=(1,),
+        strategies=("lock-and-fetch",),
+        repeat=1,
+        timeout=120.0,
+        verbose=False,
+        warm=True,
+        callgrind_dir=tmp_path,
+    )
+    results, _ = await run_benchmark(options, postgres_server_url)
+
+    (result,) = results
+    assert result.ok, result.as_dict()
+    assert result.instructions_per_execution is not None
+    assert 10_000 < result.instructions_per_execution < 5_000_000
