@@ -50,27 +50,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 try:
-    from bench.common import (
-        CallgrindToggle,
-        callgrind_command,
-        callgrind_instructions,
-        callgrind_toggle,
-        check_local,
-        cpu_busy,
-        cpu_times,
-        other_service_rows,
-    )
+    from bench import common
 except ImportError:  # run as a script: bench/ is on sys.path
-    from common import (  # type: ignore[no-redef]
-        CallgrindToggle,
-        callgrind_command,
-        callgrind_instructions,
-        callgrind_toggle,
-        check_local,
-        cpu_busy,
-        cpu_times,
-        other_service_rows,
-    )
+    import common  # type: ignore[no-redef]
 
 T = TypeVar("T")
 THIS_FILE = Path(__file__).resolve()
@@ -422,7 +404,7 @@ async def insert_unknown(engine: AsyncEngine, count: int) -> None:
         if backend in ("mysql", "mariadb"):  # asyncmy's dialect may say mysql for MariaDB
             version = str((await conn.execute(text("SELECT VERSION()"))).scalar_one())
             backend = "mariadb" if "mariadb" in version.lower() else "mysql"
-        for sql in other_service_rows(backend, count, prefix="other-service-", instance="u"):
+        for sql in common.other_service_rows(backend, count, prefix="other-service-", instance="u"):
             await conn.execute(text(sql))
 
 
@@ -552,7 +534,7 @@ class CpuWatch:
     def __init__(self, roots: set[int], server: set[int]) -> None:
         self.roots = roots | {os.getpid()}
         self.server = set(server)
-        self._machine = cpu_times()
+        self._machine = common.cpu_times()
         self._ours = self._our_ticks()
 
     def _our_ticks(self) -> dict[int, int]:
@@ -564,7 +546,7 @@ class CpuWatch:
         """(the machine's busy fraction, foreign CPU in cores) since construction;
         ``server``: the server processes that serve us now (added to those at the start)."""
         self.server |= server
-        machine, ours = cpu_times(), self._our_ticks()
+        machine, ours = common.cpu_times(), self._our_ticks()
         if self._machine is None or machine is None or machine[0] <= self._machine[0]:
             return None, None
         total = machine[0] - self._machine[0]
@@ -602,9 +584,9 @@ async def settle(limit: float) -> float | None:
     """Wait up to ``limit`` seconds for the machine to be quiet; the last busy fraction."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit
-    busy = await cpu_busy()
+    busy = await common.cpu_busy()
     while busy is not None and busy > _QUIET and loop.time() < deadline:
-        busy = await cpu_busy(1.0)
+        busy = await common.cpu_busy(1.0)
     return busy
 
 
@@ -675,7 +657,8 @@ async def _spawn(
     prefix = list(options.worker_prefix)
     if options.callgrind_dir is not None:
         options.callgrind_dir.mkdir(parents=True, exist_ok=True)
-        prefix += callgrind_command(options.callgrind_dir / f"{run_dir.name}-worker-{index}.%p")
+        dumps = options.callgrind_dir / f"{run_dir.name}-worker-{index}.%p"
+        prefix += common.callgrind_command(dumps)
     args = [
         *prefix,
         sys.executable,
@@ -818,7 +801,8 @@ async def run_once(
     seconds = max(finishes) - go if finishes and not timed_out else None
     instructions = None
     if options.callgrind_dir is not None:
-        instructions = callgrind_instructions(options.callgrind_dir, f"{run_dir.name}-worker-")
+        dumps_of_run = f"{run_dir.name}-worker-"
+        instructions = common.callgrind_instructions(options.callgrind_dir, dumps_of_run)
     return RunResult(
         instructions=instructions,
         strategy=strategy,
@@ -868,7 +852,7 @@ async def run_benchmark(
     with contextlib.ExitStack() as stack:
         if server_url is None:
             server_url = stack.enter_context(embedded_server())
-        check_local(server_url)
+        common.check_local(server_url)
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ekbatan-bench-")))
         async with fresh_database(server_url) as db_url:
             probe = create_async_engine(db_url, poolclass=NullPool)
@@ -1068,7 +1052,7 @@ async def _run_on_command(
     registry: Any,
     commands: asyncio.Queue[str],
     stats: _Stats,
-    profiler: cProfile.Profile | CallgrindToggle | None,
+    profiler: cProfile.Profile | common.CallgrindToggle | None,
     remaining: Any,
 ) -> tuple[float, float, bool]:
     """Wait for "go", run until "stop": (when it went, its CPU seconds, whether it timed out)."""
@@ -1155,7 +1139,7 @@ async def _worker(args: argparse.Namespace) -> int:
     print("ready", flush=True)
     profiler: Any = cProfile.Profile() if args.cprofile else None
     if profiler is None and args.callgrind_toggle:
-        profiler = callgrind_toggle()  # on at "go", off at "stop", as the profiler
+        profiler = common.callgrind_toggle()  # on at "go", off at "stop", as the profiler
     go, cpu_seconds, timed_out = await _run_on_command(
         args, registry, commands, stats, profiler, remaining
     )
@@ -1321,7 +1305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown_rows=args.unknown_rows,
     )
     if args.url:
-        check_local(args.url)
+        common.check_local(args.url)
     try:
         results, info = asyncio.run(_interruptible(run_benchmark(options, args.url)))
     except asyncio.CancelledError:

@@ -44,7 +44,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from bench.throughput import check_local, fresh_database
+from bench.common import check_local
+from bench.throughput import fresh_database
 from ekbatan_fastapi import JobRegistry, create_schema, job_registry
 from ekbatan_fastapi.domain.durations import format_iso_duration
 from ekbatan_fastapi.store.postgresql.connect import HostConnector
