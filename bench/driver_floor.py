@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 try:
@@ -136,7 +137,15 @@ def instructions_per_row(url: str, n: int, folder: Path) -> float:
         *common.callgrind_command(folder / "floor.%p"),
         *(sys.executable, __file__, "--url", url, "-n", str(n), "--callgrind-inner"),
     ]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:  # its own output says why (valgrind's and Python's, last lines)
+        shown = make_url(url).render_as_string(hide_password=True)
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(
+            f"the run under callgrind (driver_floor.py --url {shown} --callgrind-inner) exited "
+            f"with {done.returncode}; it needs valgrind's callgrind.h and cc (Debian: "
+            f"apt-get install valgrind gcc) and the server reachable. Its last lines:\n{tail}"
+        )
     return common.callgrind_instructions(folder, "floor.") / n
 
 
